@@ -1,0 +1,173 @@
+"""``horovodrun``: start N workers of a training script, as Horovod's launcher does.
+
+``horovodrun -np 4 python train.py`` runs four workers on this machine, each told its rank and where the job's
+rendezvous service is through ``HOROVOD_*`` variables. The tunable flags come from the configuration table
+(:mod:`horovod.runner.tunables`); launching is :mod:`horovod.runner.launch`. Features of later versions (elastic
+jobs, ssh to other hosts, MPI) are parsed and refused with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from horovod.common.exceptions import HorovodConfigError
+from horovod.runner import tunables
+from horovod.runner.check_build import check_build_text
+from horovod.runner.hosts import get_host_assignments, resolve_hosts
+from horovod.runner.launch import LaunchConfig, NotAvailableYetError, check_local, launch_local, rendezvous_service
+from horovod.runner.processes import failure_message
+from horovod.version import __version__
+
+_CONTROLLERS = ("use_gloo", "use_mpi", "use_jsrun")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The ``horovodrun`` argument parser with Horovod's flags."""
+    parser = argparse.ArgumentParser(prog="horovodrun", description="Horovod Runner")
+    parser.add_argument("-v", "--version", action="store_true", help="show the version and exit")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, help="total number of training processes")
+    parser.add_argument("-cb", "--check-build", action="store_true",
+                        help="show which frameworks, controllers and tensor operations are available, and exit")
+    parser.add_argument("--disable-cache", action="store_true", help="accepted for compatibility")
+    parser.add_argument("--network-interfaces", dest="nics", help="comma-separated network interfaces to use")
+    parser.add_argument("--network-interface", dest="nic", action="append",
+                        help="a network interface to use (repeatable)")
+    parser.add_argument("--output-filename", help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
+    parser.add_argument("--verbose", action="store_true", help="print what the launcher does")
+    parser.add_argument("--config-file", help="YAML file of parameters, with Horovod's sections; flags given on "
+                                              "the command line win")
+
+    ssh = parser.add_argument_group("ssh (not available yet: hosts must be this machine)")
+    ssh.add_argument("-p", "--ssh-port", type=int, help="ssh port on all hosts")
+    ssh.add_argument("-i", "--ssh-identity-file", help="ssh private key file")
+
+    tunables.add_tunable_flags(parser)
+
+    elastic = parser.add_argument_group("elastic (not available yet)")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, help="minimum number of workers")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, help="maximum number of workers")
+    elastic.add_argument("--slots-per-host", "--slots", dest="slots", type=int, help="slots per discovered host")
+    elastic.add_argument("--reset-limit", type=int, help="maximum number of elastic resets")
+    elastic.add_argument("--blacklist-cooldown-range", type=int, nargs=2, metavar=("MIN", "MAX"),
+                         help="cooldown range in seconds of blacklisted hosts")
+
+    library = parser.add_argument_group("library options")
+    library.add_argument("--mpi-args", help="extra mpirun arguments (needs --mpi, not available yet)")
+    library.add_argument("--tcp", dest="tcp_flag", action="store_true", help="TCP only for NCCL (NCCL_IB_DISABLE=1)")
+    library.add_argument("--binding-args", help="process binding arguments (accepted for compatibility)")
+
+    logging = parser.add_argument_group("logging")
+    logging.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", dest="prefix_output_with_timestamp",
+                         action="store_true", help="prefix each output line with a timestamp")
+
+    hosts = parser.add_argument_group("hosts").add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", help="hosts and slots: host1:2,host2:4 (default localhost:<np>)")
+    hosts.add_argument("-hostfile", "--hostfile", help="file of 'hostname slots=N' lines")
+    hosts.add_argument("--host-discovery-script", help="elastic host discovery script (not available yet)")
+
+    controller = parser.add_argument_group("controller").add_mutually_exclusive_group()
+    controller.add_argument("--gloo", dest="use_gloo", action="store_true", default=None,
+                            help="TCP controller (the default and only one available)")
+    controller.add_argument("--mpi", dest="use_mpi", action="store_true", default=None,
+                            help="MPI controller (not available yet)")
+    controller.add_argument("--jsrun", dest="use_jsrun", action="store_true", default=None,
+                            help="jsrun launcher (not available yet)")
+
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="command to run, e.g. python train.py")
+    return parser
+
+
+def check_available(values: Mapping[str, Any]) -> None:
+    """Refuse features this version parses but does not implement.
+
+    Raises:
+        NotAvailableYetError: naming the feature.
+    """
+    if values.get("host_discovery_script") or values.get("min_np") is not None or values.get("max_np") is not None:
+        raise NotAvailableYetError("elastic training (--min-np/--max-np/--host-discovery-script) is not available "
+                                   "yet")
+    if values.get("use_mpi") or values.get("mpi_args"):
+        raise NotAvailableYetError("the MPI controller (--mpi/--mpi-args) is not available yet; use --gloo")
+    if values.get("use_jsrun"):
+        raise NotAvailableYetError("jsrun launch is not available yet; use --gloo")
+
+
+def launcher_env(values: Mapping[str, Any]) -> Dict[str, str]:
+    """Every variable the flags set for workers: the tunables plus network interface and ``--tcp``."""
+    env = tunables.tunables_to_env(values)
+    nics: List[str] = list(values.get("nic") or [])
+    if values.get("nics"):
+        nics += [n.strip() for n in values["nics"].split(",") if n.strip()]
+    if nics:
+        env["HOROVOD_GLOO_IFACE"] = nics[0]
+    if values.get("tcp_flag"):
+        env["NCCL_IB_DISABLE"] = "1"
+    return env
+
+
+def resolve_values(args: argparse.Namespace) -> Dict[str, Any]:
+    """The parsed flags merged with ``--config-file`` (command-line flags win), as a dict by destination."""
+    values = vars(args).copy()
+    if args.config_file:
+        from_file = tunables.load_config_file(args.config_file)
+        if any(values.get(c) for c in _CONTROLLERS):
+            from_file = {k: v for k, v in from_file.items() if k not in _CONTROLLERS}
+        values = tunables.apply_config_file(values, from_file)
+    return values
+
+
+def _error(parser: argparse.ArgumentParser, message: str) -> int:
+    parser.print_usage(sys.stderr)
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``horovodrun`` with ``argv`` (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 when every worker succeeded, 1 when one failed, 2 for a usage error, 128+N when
+        interrupted by signal N.
+    """
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        print(__version__)
+        return 0
+    if args.check_build:
+        print(check_build_text(__version__), end="")
+        return 0
+    try:
+        values = resolve_values(args)
+        check_available(values)
+        if not values["command"]:
+            return _error(parser, "no command given; usage: horovodrun -np N python train.py")
+        if values["np"] is None:
+            return _error(parser, "the following arguments are required: -np/--num-proc")
+        hosts = resolve_hosts(values["np"], values.get("hosts"), values.get("hostfile"))
+        check_local(hosts)
+        slots = get_host_assignments(hosts, values["np"])
+        env = launcher_env(values)
+    except NotAvailableYetError as exc:
+        return _error(parser, str(exc))
+    except (ValueError, HorovodConfigError) as exc:
+        return _error(parser, str(exc))
+
+    launch = LaunchConfig(command=tuple(values["command"]), slots=tuple(slots), extra_env=env,
+                          output_filename=values.get("output_filename"),
+                          prefix_timestamp=bool(values.get("prefix_output_with_timestamp")),
+                          verbose=bool(values.get("verbose")))
+    with rendezvous_service() as (_, rendezvous):
+        try:
+            result = launch_local(launch, rendezvous)
+        except OSError as exc:
+            print(f"horovodrun: cannot start {values['command'][0]!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 127
+    if result.first_failure is not None:
+        print(failure_message(result.first_failure), file=sys.stderr, flush=True)
+    return result.exit_code
+
+
+__all__ = ["main", "make_parser", "check_available", "launcher_env", "resolve_values"]
