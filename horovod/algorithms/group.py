@@ -1,0 +1,32 @@
+"""The ranks an algorithm runs among: a process set's members, this rank's position, and the transport."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
+
+from horovod.transport.base import Transport
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    ranks: Tuple[int, ...]     # global ranks, in set order
+    index: int                 # this rank's position in ``ranks``
+    transport: Transport
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def peer(self, offset: int) -> int:
+        """Global rank ``offset`` positions away along the ring."""
+        return self.ranks[(self.index + offset) % len(self.ranks)]
+
+
+def segment_bounds(total: int, parts: int):
+    """Offsets splitting ``total`` elements into ``parts`` nearly equal segments (earlier ones one larger)."""
+    base, extra = divmod(total, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds

@@ -1,0 +1,58 @@
+"""Elementwise reductions into preallocated buffers, and the float32 accumulators for 2-byte floats."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from horovod.common.types import ReduceOp
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+
+def ufunc_for(op: int):
+    """The numpy ufunc that combines two contributions under ``op`` (Average sums, then divides)."""
+    try:
+        return _UFUNCS[ReduceOp(op)]
+    except (KeyError, ValueError):
+        raise ValueError(f"reduce op {op} has no elementwise ufunc") from None
+
+
+def widens(dtype: str) -> bool:
+    """2-byte floats are reduced in float32 so that sums do not lose precision hop by hop."""
+    return dtype in ("float16", "bfloat16")
+
+
+def to_float32(words: np.ndarray, dtype: str, out: np.ndarray) -> None:
+    if dtype == "bfloat16":
+        np.left_shift(words.view(np.uint16).astype(np.uint32), 16, out=out.view(np.uint32))
+    else:
+        np.copyto(out, words, casting="unsafe")
+
+
+def from_float32(values: np.ndarray, dtype: str, out: np.ndarray) -> None:
+    if dtype == "bfloat16":
+        bits = values.view(np.uint32)
+        # round to nearest even, as every bfloat16 conversion does
+        rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+        nan = np.isnan(values)
+        result = (rounded >> np.uint32(16)).astype(np.uint16)
+        if nan.any():
+            result[nan] = 0x7FC0
+        np.copyto(out.view(np.uint16), result)
+    else:
+        np.copyto(out, values, casting="unsafe")
+
+
+def scale(buf: np.ndarray, factor: float) -> None:
+    """Multiply in place; integers are scaled in float64 and truncated, as Horovod does."""
+    if factor == 1.0:
+        return
+    if buf.dtype.kind in "iu":
+        np.copyto(buf, np.trunc(buf * factor), casting="unsafe")
+    elif buf.dtype.kind == "b":
+        raise ValueError("boolean tensors cannot be scaled or averaged")
+    else:
+        np.multiply(buf, buf.dtype.type(factor), out=buf)

@@ -1,0 +1,126 @@
+"""Bandwidth-optimal ring collectives on flat numpy buffers.
+
+Allreduce is a reduce-scatter followed by an allgather: each of the 2(n-1) steps sends one segment to the right
+neighbour (from a sender thread) while receiving one from the left, so every link carries 2(n-1)/n of the buffer.
+Received data arrives in chunks that are reduced as soon as they land, so the reduction of one chunk overlaps the
+transfer of the next. No per-element Python: buffers move as memoryviews and reduce with ufuncs in place.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import numpy as np
+
+from horovod.algorithms.group import Group, segment_bounds
+
+CHUNK_BYTES = 1 << 20
+
+
+def _recv_reduce(group: Group, src: int, target: np.ndarray, scratch: np.ndarray, ufunc) -> None:
+    """Receive ``target.size`` elements from ``src`` chunk by chunk, combining each into ``target``."""
+    itemsize = target.itemsize
+    step = max(1, CHUNK_BYTES // itemsize)
+    incoming = scratch[:target.size]
+    raw = memoryview(incoming.view(np.uint8))
+    for start in range(0, target.size, step):
+        stop = min(target.size, start + step)
+        group.transport.recv_into(src, raw[start * itemsize:stop * itemsize])
+        ufunc(target[start:stop], incoming[start:stop], out=target[start:stop])
+
+
+def _view(array: np.ndarray) -> memoryview:
+    return memoryview(array.view(np.uint8)) if array.size else memoryview(b"")
+
+
+def ring_reduce_scatter(group: Group, buf: np.ndarray, bounds: Sequence[int], ufunc, scratch: np.ndarray) -> None:
+    """After this, ``buf[bounds[i]:bounds[i+1]]`` on the rank at position ``i`` holds the reduction over all ranks.
+
+    ``scratch`` must hold at least the largest segment.
+    """
+    n, me = group.size, group.index
+    right, left = group.peer(1), group.peer(-1)
+    for step in range(n - 1):
+        send_seg = (me - step - 1) % n
+        recv_seg = (me - step - 2) % n
+        out = buf[bounds[send_seg]:bounds[send_seg + 1]]
+        inc = buf[bounds[recv_seg]:bounds[recv_seg + 1]]
+        pending = group.transport.isend(right, _view(out)) if out.size else None
+        if inc.size:
+            _recv_reduce(group, left, inc, scratch, ufunc)
+        if pending is not None:
+            pending.wait()
+
+
+def ring_allgather_segments(group: Group, buf: np.ndarray, bounds: Sequence[int]) -> None:
+    """Each rank owns ``buf[bounds[i]:bounds[i+1]]``; afterwards every rank holds every segment."""
+    n, me = group.size, group.index
+    right, left = group.peer(1), group.peer(-1)
+    for step in range(n - 1):
+        send_seg = (me - step) % n
+        recv_seg = (me - step - 1) % n
+        out = buf[bounds[send_seg]:bounds[send_seg + 1]]
+        inc = buf[bounds[recv_seg]:bounds[recv_seg + 1]]
+        pending = group.transport.isend(right, _view(out)) if out.size else None
+        if inc.size:
+            group.transport.recv_into(left, _view(inc))
+        if pending is not None:
+            pending.wait()
+
+
+def ring_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray) -> None:
+    """Reduce the flat contiguous ``buf`` in place across the group.
+
+    ``scratch`` is a buffer of ``buf``'s dtype with at least ``ceil(buf.size / n)`` elements.
+    """
+    if group.size == 1 or buf.size == 0:
+        return
+    bounds = segment_bounds(buf.size, group.size)
+    ring_reduce_scatter(group, buf, bounds, ufunc, scratch)
+    ring_allgather_segments(group, buf, bounds)
+
+
+def ring_allgatherv(group: Group, out: np.ndarray, byte_counts: List[int]) -> None:
+    """``out`` is a flat uint8 buffer laid out by rank; this rank's block is already in place."""
+    if group.size == 1:
+        return
+    bounds = [0]
+    for count in byte_counts:
+        bounds.append(bounds[-1] + count)
+    ring_allgather_segments(group, out, bounds)
+
+
+def chain_broadcast(group: Group, buf: np.ndarray, root_index: int) -> None:
+    """Pipelined broadcast along the ring starting at the root: each rank forwards a chunk while receiving the next."""
+    n = group.size
+    if n == 1 or buf.size == 0:
+        return
+    pos = (group.index - root_index) % n
+    raw = _view(buf)
+    prev, nxt = group.peer(-1), group.peer(1)
+    pending = []
+    for start in range(0, len(raw), CHUNK_BYTES):
+        chunk = raw[start:start + CHUNK_BYTES]
+        if pos > 0:
+            group.transport.recv_into(prev, chunk)
+        if pos < n - 1:
+            pending.append(group.transport.isend(nxt, chunk))
+    for future in pending:
+        future.wait()
+
+
+def pairwise_alltoall(group: Group, send: np.ndarray, send_bounds: Sequence[int], recv: np.ndarray,
+                      recv_bounds: Sequence[int]) -> None:
+    """Rank i's block ``send[send_bounds[j]:send_bounds[j+1]]`` lands in rank j's ``recv`` block i (uint8 buffers)."""
+    n, me = group.size, group.index
+    recv[recv_bounds[me]:recv_bounds[me + 1]] = send[send_bounds[me]:send_bounds[me + 1]]
+    for step in range(1, n):
+        dst = (me + step) % n
+        src = (me - step) % n
+        out = send[send_bounds[dst]:send_bounds[dst + 1]]
+        inc = recv[recv_bounds[src]:recv_bounds[src + 1]]
+        pending = group.transport.isend(group.ranks[dst], _view(out)) if out.size else None
+        if inc.size:
+            group.transport.recv_into(group.ranks[src], _view(inc))
+        if pending is not None:
+            pending.wait()

@@ -1,0 +1,323 @@
+"""Every collective once, on numpy arrays: naming, validation, submission to the engine, and object collectives.
+
+Bindings convert their tensors to numpy views, call these functions, and convert the results back; nothing about
+a collective's semantics lives in a binding. Each ``*_async`` returns a :class:`Handle` whose ``result()`` is the
+output array (alltoall: ``(output, received_splits)``; grouped ops: a list).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import cloudpickle
+import numpy as np
+
+from horovod.common import basics
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.types import OpType, ReduceOp, Request, dtype_name
+from horovod.core.handles import Handle
+
+Average, Sum, Adasum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN,
+                                           ReduceOp.MAX, ReduceOp.PRODUCT)
+
+_counters: Dict[str, "itertools.count[int]"] = {}
+_counter_lock = threading.Lock()
+_group_ids = itertools.count()
+
+
+def _auto_name(prefix: str) -> str:
+    """Unnamed tensors are numbered per op in submission order, which must match across ranks (as in Horovod)."""
+    with _counter_lock:
+        counter = _counters.setdefault(prefix, itertools.count())
+        return f"{prefix}.noname.{next(counter)}"
+
+
+def _name(prefix: str, name: Optional[str]) -> str:
+    return f"{prefix}.{name}" if name else _auto_name(prefix)
+
+
+def resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
+    """Horovod's rule for the deprecated ``average=`` argument: op and average together is an error."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return ReduceOp(Average if op is None else op)
+
+
+def _set_id(process_set: Optional[ProcessSet]) -> int:
+    ps = process_set or global_process_set
+    if ps.process_set_id is None:
+        raise ValueError(f"{ps} has not been registered; use hvd.add_process_set() or hvd.init(process_sets=...)")
+    return ps.process_set_id
+
+
+def _set_ranks(set_id: int) -> Sequence[int]:
+    ranks = basics.engine().set_ranks(set_id)
+    if ranks is None:
+        raise ValueError(f"process set {set_id} is not registered")
+    return ranks
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _dtype(array: np.ndarray, dtype: Optional[str]) -> str:
+    return dtype or dtype_name(array)
+
+
+class GroupHandle(Handle):
+    """Handle over several handles; ``result()`` returns their results as a list."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, name: str, handles: List[Handle]):
+        super().__init__(name)
+        self.handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def wait(self, timeout=None) -> bool:
+        return all(h.wait(timeout) for h in self.handles)
+
+    def result(self, timeout=None) -> List[Any]:
+        return [h.result(timeout) for h in self.handles]
+
+
+# -- allreduce ------------------------------------------------------------------------------------------------------
+
+def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[int] = None,
+                    average: Optional[bool] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set, output: Optional[np.ndarray] = None,
+                    dtype: Optional[str] = None, *, _full_name: Optional[str] = None, _group: int = -1,
+                    _group_size: int = 0) -> Handle:
+    """Start an allreduce of ``array``; the handle's result is the reduced array (``output`` if given)."""
+    reduce_op = resolve_op(op, average)
+    set_id = _set_id(process_set)
+    array = _contiguous(np.asarray(array))
+    dtype = _dtype(array, dtype)
+    if reduce_op == Adasum:
+        size = len(_set_ranks(set_id))
+        if set_id != 0:
+            raise NotImplementedError("Adasum does not support non-global process sets yet")
+        if size & (size - 1):
+            raise NotImplementedError(f"Adasum needs a power-of-two number of ranks, not {size}")
+        if not dtype.startswith("float") and dtype != "bfloat16":
+            raise ValueError(f"Adasum needs floating-point tensors, not {dtype}")
+    if dtype == "bool" and (reduce_op == Average or prescale_factor != 1.0 or postscale_factor != 1.0):
+        raise ValueError("boolean tensors cannot be averaged or scaled; use op=hvd.Sum, Min or Max")
+    if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
+        raise ValueError(f"allreduce output must be contiguous with shape {array.shape}")
+    request = Request(_full_name or _name("allreduce", name), OpType.ALLREDUCE, dtype, tuple(array.shape),
+                      int(reduce_op), float(prescale_factor), float(postscale_factor), group=_group,
+                      payload=(_group_size,) if _group >= 0 else None)
+    return basics.engine().submit(request, array, output, set_id)
+
+
+def allreduce(array: np.ndarray, **kwargs) -> np.ndarray:
+    return allreduce_async(array, **kwargs).result()
+
+
+def grouped_allreduce_async(arrays: Sequence[np.ndarray], name: Optional[str] = None, op: Optional[int] = None,
+                            average: Optional[bool] = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                            outputs: Optional[Sequence[np.ndarray]] = None,
+                            dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
+    """Allreduce a list of arrays as one group: negotiated together and fused together."""
+    reduce_op = resolve_op(op, average)
+    n = len(arrays)
+    base = name if name else _auto_name("grouped_allreduce")
+    base = base if not name else f"grouped_allreduce.{name}"
+    group = next(_group_ids)
+    handles = [allreduce_async(a, op=reduce_op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                               process_set=process_set, output=outputs[i] if outputs else None,
+                               dtype=dtypes[i] if dtypes else None, _full_name=f"{base}_{i + 1}of{n}",
+                               _group=group, _group_size=n)
+               for i, a in enumerate(arrays)]
+    return GroupHandle(base, handles)
+
+
+# -- allgather ------------------------------------------------------------------------------------------------------
+
+def allgather_async(array: np.ndarray, name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+                    dtype: Optional[str] = None, *, _full_name: Optional[str] = None, _group: int = -1,
+                    _group_size: int = 0) -> Handle:
+    """Start an allgather: arrays concatenated on the first dimension, which may differ per rank."""
+    set_id = _set_id(process_set)
+    array = _contiguous(np.asarray(array))
+    if array.ndim == 0:
+        array = array.reshape(1)
+    request = Request(_full_name or _name("allgather", name), OpType.ALLGATHER, _dtype(array, dtype),
+                      tuple(array.shape), group=_group, payload=(_group_size,) if _group >= 0 else None)
+    return basics.engine().submit(request, array, None, set_id)
+
+
+def allgather(array: np.ndarray, **kwargs) -> np.ndarray:
+    return allgather_async(array, **kwargs).result()
+
+
+def grouped_allgather_async(arrays: Sequence[np.ndarray], name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set,
+                            dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
+    n = len(arrays)
+    base = f"grouped_allgather.{name}" if name else _auto_name("grouped_allgather")
+    group = next(_group_ids)
+    handles = [allgather_async(a, process_set=process_set, dtype=dtypes[i] if dtypes else None,
+                               _full_name=f"{base}_{i + 1}of{n}", _group=group, _group_size=n)
+               for i, a in enumerate(arrays)]
+    return GroupHandle(base, handles)
+
+
+# -- broadcast ------------------------------------------------------------------------------------------------------
+
+def broadcast_async(array: np.ndarray, root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set, output: Optional[np.ndarray] = None,
+                    dtype: Optional[str] = None) -> Handle:
+    """Start a broadcast from global rank ``root_rank``; the result is the root's array on every rank."""
+    set_id = _set_id(process_set)
+    ranks = _set_ranks(set_id)
+    if root_rank not in ranks:
+        raise ValueError(f"broadcast root_rank {root_rank} is not a member of the process set {list(ranks)}")
+    array = _contiguous(np.asarray(array))
+    if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
+        raise ValueError(f"broadcast output must be contiguous with shape {array.shape}")
+    request = Request(_name("broadcast", name), OpType.BROADCAST, _dtype(array, dtype), tuple(array.shape),
+                      root_rank=int(root_rank))
+    return basics.engine().submit(request, array, output, set_id)
+
+
+def broadcast(array: np.ndarray, root_rank: int, **kwargs) -> np.ndarray:
+    return broadcast_async(array, root_rank, **kwargs).result()
+
+
+# -- alltoall -------------------------------------------------------------------------------------------------------
+
+def alltoall_async(array: np.ndarray, splits=None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set, dtype: Optional[str] = None) -> Handle:
+    """Start an alltoall; the result is ``(output, received_splits)``.
+
+    Raises:
+        ValueError: without ``splits`` the first dimension must divide evenly by the set size.
+    """
+    set_id = _set_id(process_set)
+    size = len(_set_ranks(set_id))
+    array = _contiguous(np.asarray(array))
+    if array.ndim == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    if splits is None:
+        if array.shape[0] % size:
+            raise ValueError(f"alltoall without splits needs the first dimension ({array.shape[0]}) to be "
+                             f"divisible by the number of ranks ({size})")
+        splits = [array.shape[0] // size] * size
+    splits = tuple(int(s) for s in np.asarray(splits).reshape(-1))
+    if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != array.shape[0]:
+        raise ValueError(f"alltoall splits {list(splits)} must hold {size} non-negative values summing to the first "
+                         f"dimension {array.shape[0]}")
+    request = Request(_name("alltoall", name), OpType.ALLTOALL, _dtype(array, dtype), tuple(array.shape),
+                      splits=splits)
+    return basics.engine().submit(request, array, None, set_id)
+
+
+def alltoall(array: np.ndarray, splits=None, **kwargs):
+    return alltoall_async(array, splits, **kwargs).result()
+
+
+# -- reducescatter --------------------------------------------------------------------------------------------------
+
+def reducescatter_async(array: np.ndarray, name: Optional[str] = None, op: int = Average,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0, dtype: Optional[str] = None, *,
+                        _full_name: Optional[str] = None, _group: int = -1, _group_size: int = 0) -> Handle:
+    """Start a reducescatter: reduce over ranks, rank i keeps slice i of the first dimension.
+
+    Ranks below ``dim0 % size`` receive one extra row. Only Sum and Average are supported.
+    """
+    if op not in (Sum, Average):
+        raise ValueError(f"reducescatter supports only hvd.Sum and hvd.Average, not {ReduceOp(op).name}")
+    set_id = _set_id(process_set)
+    array = _contiguous(np.asarray(array))
+    if array.ndim == 0:
+        array = array.reshape(1)
+    dtype = _dtype(array, dtype)
+    if dtype == "bool":
+        raise ValueError("reducescatter does not support boolean tensors")
+    request = Request(_full_name or _name("reducescatter", name), OpType.REDUCESCATTER, dtype,
+                      tuple(array.shape), int(op), float(prescale_factor), float(postscale_factor), group=_group,
+                      payload=(_group_size,) if _group >= 0 else None)
+    return basics.engine().submit(request, array, None, set_id)
+
+
+def reducescatter(array: np.ndarray, **kwargs) -> np.ndarray:
+    return reducescatter_async(array, **kwargs).result()
+
+
+def grouped_reducescatter_async(arrays: Sequence[np.ndarray], name: Optional[str] = None, op: int = Average,
+                                process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0,
+                                dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
+    n = len(arrays)
+    base = f"grouped_reducescatter.{name}" if name else _auto_name("grouped_reducescatter")
+    group = next(_group_ids)
+    handles = [reducescatter_async(a, op=op, process_set=process_set, prescale_factor=prescale_factor,
+                                   postscale_factor=postscale_factor, dtype=dtypes[i] if dtypes else None,
+                                   _full_name=f"{base}_{i + 1}of{n}", _group=group, _group_size=n)
+               for i, a in enumerate(arrays)]
+    return GroupHandle(base, handles)
+
+
+# -- synchronisation ------------------------------------------------------------------------------------------------
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of the set reaches the barrier."""
+    set_id = _set_id(process_set)
+    basics.engine().submit(Request(_auto_name("barrier"), OpType.BARRIER, "uint8", ()), None, None,
+                           set_id).result()
+
+
+def join() -> int:
+    """Declare that this rank has no more data; blocks until every rank joined and returns the last one to join.
+
+    Meanwhile this rank contributes zeros to the other ranks' allreduces.
+    """
+    engine = basics.engine()
+    engine.mark_joined()
+    return engine.submit(Request("join", OpType.JOIN, "uint8", ()), None, None, 0).result()
+
+
+# -- objects --------------------------------------------------------------------------------------------------------
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Broadcast any cloudpicklable object from ``root_rank``; returns the root's object on every rank."""
+    name = name or type(obj).__name__
+    if basics.rank() == root_rank:
+        payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+        length = np.array([payload.size], dtype=np.int64)
+    else:
+        payload, length = None, np.zeros(1, dtype=np.int64)
+    length = broadcast(length, root_rank, name=f"{name}.sz", process_set=process_set)
+    if payload is None:
+        payload = np.empty(int(length[0]), dtype=np.uint8)
+    data = broadcast(payload, root_rank, name=f"{name}.t", process_set=process_set)
+    return obj if basics.rank() == root_rank else cloudpickle.loads(data.tobytes())
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Gather one cloudpicklable object from every rank of the set; returns them ordered by rank."""
+    name = name or type(obj).__name__
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+    sizes = allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.sz", process_set=process_set)
+    data = allgather(payload, name=f"{name}.t", process_set=process_set)
+    objects, offset = [], 0
+    for size in sizes.tolist():
+        objects.append(cloudpickle.loads(data[offset:offset + size].tobytes()))
+        offset += size
+    return objects

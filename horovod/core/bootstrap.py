@@ -1,0 +1,75 @@
+"""Bring up this rank's transport: publish our data-plane address through the rendezvous, connect to every peer.
+
+The address we publish is the one this host uses to reach the rendezvous server (or the interface named by
+``HOROVOD_GLOO_IFACE``): an address our peers can reach, found by routing rather than guessed from interface names.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Dict, Tuple
+
+from horovod.common.exceptions import HorovodInternalError, RendezvousError
+from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
+from horovod.transport.tcp import TcpTransport
+
+
+def _routable_address(rendezvous_addr: str, port: int) -> str:
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((rendezvous_addr, max(port, 1)))
+        return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+def _interface_address(iface: str) -> str:
+    import fcntl
+    import struct
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", iface[:15].encode()))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        raise HorovodInternalError(f"network interface {iface!r} (HOROVOD_GLOO_IFACE) has no IPv4 address "
+                                   f"on this host") from None
+    finally:
+        probe.close()
+
+
+def rendezvous_client(config) -> RendezvousClient:
+    if not config.gloo_rendezvous_addr or config.gloo_rendezvous_port <= 0:
+        raise HorovodInternalError(
+            f"rank {config.rank} of {config.size}: no rendezvous server (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT unset). "
+            f"Start multi-process jobs with horovodrun or horovod.run.")
+    if not config.secret_key:
+        raise HorovodInternalError("HOROVOD_SECRET_KEY is not set; the launcher hands it to every worker")
+    return RendezvousClient(config.gloo_rendezvous_addr, config.gloo_rendezvous_port,
+                            secret_from_hex(config.secret_key), timeout=config.start_timeout)
+
+
+def connect(config, rank: int, size: int, scope: str) -> TcpTransport:
+    """Create the full mesh of authenticated connections for ``size`` ranks, bounded by the start timeout."""
+    client = rendezvous_client(config)
+    transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds)
+    if config.gloo_iface:
+        host = _interface_address(config.gloo_iface)
+    else:
+        host = _routable_address(config.gloo_rendezvous_addr, config.gloo_rendezvous_port)
+    port = transport.listen("0.0.0.0")
+    deadline = time.monotonic() + config.start_timeout
+    try:
+        client.put(scope, str(rank), f"{host}:{port}".encode())
+        addresses: Dict[int, Tuple[str, int]] = {}
+        for peer in range(rank):
+            text = client.get(scope, str(peer), timeout=max(0.1, deadline - time.monotonic())).decode()
+            peer_host, _, peer_port = text.rpartition(":")
+            addresses[peer] = (peer_host, int(peer_port))
+    except RendezvousError as exc:
+        transport.close()
+        raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
+    transport.connect(addresses, deadline)
+    return transport

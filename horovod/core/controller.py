@@ -1,0 +1,201 @@
+"""Negotiation: which named requests are ready on every rank of a process set, and what each rank must execute.
+
+The coordinator (the set's first rank) runs :meth:`Coordinator.step` once per cycle over the messages of all the
+set's ranks. It is a pure state machine over plain data: no sockets, no threads, no clock of its own, so it is tested
+without processes. A name is ready once every rank that has not joined submitted it; its requests are then validated
+(dtype, shape, op, scales, root must agree) and a mismatch becomes an ERROR response that names the tensor, the
+field and what each rank sent, failing the op on every rank while the job goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response
+from horovod.core import fusion
+from horovod.core.response_cache import ResponseCache
+
+_JOIN_UNSUPPORTED = (OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER)
+
+
+@dataclasses.dataclass
+class StallReport:
+    """Tensors waiting longer than the stall warning time, and the ranks (global) that have not sent them."""
+
+    name: str
+    missing_ranks: Tuple[int, ...]
+    waited: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One rank's contribution to a cycle."""
+
+    shutdown: bool
+    hits: Tuple[int, ...]
+    requests: Tuple[Request, ...]
+
+
+class Coordinator:
+    """Negotiation state of one process set, held by the set's first rank."""
+
+    def __init__(self, ranks: Sequence[int], cache: ResponseCache, fusion_threshold: int,
+                 disable_group_fusion: bool = False, stall_warning: float = 60.0, stall_shutdown: float = 0.0,
+                 stall_check: bool = True):
+        self.ranks = tuple(ranks)
+        self.cache = cache
+        self.fusion_threshold = fusion_threshold
+        self.disable_group_fusion = disable_group_fusion
+        self.stall_warning = stall_warning
+        self.stall_shutdown = stall_shutdown
+        self.stall_check = stall_check
+        self._known: Dict[str, Dict[int, Request]] = {}      # last full request per name and rank (decodes hits)
+        self._pending: Dict[str, Dict[int, Request]] = {}    # insertion order = readiness order
+        self._first_seen: Dict[str, float] = {}
+        self._joined: Dict[int, None] = {}
+        self._last_joined = -1
+        self._held: Dict[int, List[Tuple[Response, int]]] = {}
+        self._last_stall_report = float("-inf")
+        self.arrivals: List[Tuple[str, int, int]] = []   # (name, op, global rank) of the last step, for the timeline
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def step(self, messages: Sequence[Message], now: float) -> Tuple[List[List[Response]], bool, List[StallReport]]:
+        """Absorb one cycle's messages (indexed by position in the set).
+
+        Returns:
+            (batches to execute in order, whether the job shuts down, stall reports due now)
+        """
+        shutdown = False
+        self.arrivals = []
+        for index, message in enumerate(messages):
+            shutdown = shutdown or message.shutdown
+            for bit in message.hits:
+                name = self.cache.name(bit)
+                self._add(index, self._known[name][index], now)
+            for request in message.requests:
+                if request.op == OpType.JOIN:
+                    self._joined[index] = None
+                    self._last_joined = self.ranks[index]
+                    continue
+                self._known.setdefault(request.name, {})[index] = request
+                self._add(index, request, now)
+
+        ready: List[Tuple[Response, int]] = []
+        for name in list(self._pending):
+            got = self._pending[name]
+            if all(i in got or i in self._joined for i in range(self.size)):
+                del self._pending[name]
+                self._first_seen.pop(name, None)
+                response = self._respond(name, got)
+                group = next(iter(got.values())).group
+                ready.extend(self._release(response, group, got))
+
+        reports = self._stalls(now)
+        if self.stall_check and self.stall_shutdown > 0:
+            for report in reports:
+                if report.waited >= self.stall_shutdown and report.name in self._pending:
+                    del self._pending[report.name]
+                    self._first_seen.pop(report.name, None)
+                    ready.append((Response(OpType.ERROR, (report.name,), error=(
+                        f"Tensor {report.name!r} stalled for {report.waited:.0f} s: ranks "
+                        f"{list(report.missing_ranks)} never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")), -1))
+
+        groups = [g if not self.disable_group_fusion else -1 for _, g in ready]
+        batches = fusion.plan_batches([r for r, _ in ready], groups, self.fusion_threshold)
+        if self._joined and len(self._joined) == self.size:
+            batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
+            self._joined.clear()
+        return batches, shutdown, reports
+
+    def _add(self, index: int, request: Request, now: float) -> None:
+        self.arrivals.append((request.name, request.op, self.ranks[index]))
+        self._pending.setdefault(request.name, {})[index] = request
+        self._first_seen.setdefault(request.name, now)
+
+    def _release(self, response: Response, group: int, got) -> List[Tuple[Response, int]]:
+        """Hold grouped tensors until the whole group is ready, so that the group executes together."""
+        if group < 0 or response.error is not None:
+            return [(response, group)]
+        request = next(iter(got.values()))
+        group_size = request.payload[0] if request.payload else 1
+        held = self._held.setdefault(group, [])
+        held.append((response, group))
+        if len(held) < group_size:
+            return []
+        del self._held[group]
+        return held
+
+    def _stalls(self, now: float) -> List[StallReport]:
+        if not self.stall_check or not self._first_seen:
+            return []
+        due = min(self.stall_warning, self.stall_shutdown or self.stall_warning)
+        if now - self._last_stall_report < due:
+            return []
+        reports = []
+        for name, since in self._first_seen.items():
+            if now - since >= due:
+                got = self._pending.get(name, {})
+                missing = tuple(self.ranks[i] for i in range(self.size) if i not in got and i not in self._joined)
+                reports.append(StallReport(name, missing, now - since))
+        if reports:
+            self._last_stall_report = now
+        return reports
+
+    # -- validation ------------------------------------------------------------------------------------------------
+
+    def _error(self, name: str, text: str) -> Response:
+        return Response(OpType.ERROR, (name,), error=text)
+
+    def _mismatch(self, name: str, op: int, field: str, got: Dict[int, Request], value) -> Optional[Response]:
+        values = {i: value(r) for i, r in got.items()}
+        if len(set(values.values())) <= 1:
+            return None
+        listing = ", ".join(f"rank {self.ranks[i]}: {values[i]}" for i in sorted(values))
+        return self._error(name, f"Mismatched {OP_NAMES.get(op, op)} {field} for tensor '{name}': {listing}. "
+                                 f"Every rank must submit the same {field} for a tensor name.")
+
+    def _respond(self, name: str, got: Dict[int, Request]) -> Response:
+        first = got[min(got)]
+        op = first.op
+        checks = [("operation", lambda r: OP_NAMES.get(r.op, r.op)), ("data type", lambda r: r.dtype)]
+        if op in (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER):
+            checks.append(("shape", lambda r: r.shape))
+        if op in (OpType.ALLGATHER, OpType.ALLTOALL):
+            checks.append(("rank (number of dimensions)", lambda r: len(r.shape)))
+            checks.append(("trailing dimensions", lambda r: r.shape[1:]))
+        if op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
+            checks.append(("reduce op", lambda r: ReduceOp(r.reduce_op).name if r.reduce_op in ReduceOp._value2member_map_ else r.reduce_op))
+            checks.append(("prescale factor", lambda r: r.prescale))
+            checks.append(("postscale factor", lambda r: r.postscale))
+        if op == OpType.BROADCAST:
+            checks.append(("root rank", lambda r: r.root_rank))
+        if op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+            checks.append(("process set", lambda r: r.payload))
+        for field, value in checks:
+            error = self._mismatch(name, op, field, got, value)
+            if error is not None:
+                return error
+        joined = [self.ranks[i] for i in self._joined if i not in got]
+        if joined and op in _JOIN_UNSUPPORTED:
+            return self._error(name, f"{OP_NAMES[op]} is not supported with Join at this time (tensor '{name}'; "
+                                     f"ranks {joined} have joined)")
+        if op == OpType.ALLGATHER:
+            dims = tuple(got[i].shape[0] if i in got else 0 for i in range(self.size))
+            return Response(op, (name,), first.dtype, (first.shape,), sizes=(dims,))
+        if op == OpType.ALLTOALL:
+            matrix = []
+            for i in range(self.size):
+                splits = got[i].splits
+                if splits is None or len(splits) != self.size or sum(splits) != got[i].shape[0] \
+                        or any(s < 0 for s in splits):
+                    return self._error(name, f"ALLTOALL splits of rank {self.ranks[i]} for tensor '{name}' are "
+                                             f"{splits}: need {self.size} non-negative values summing to the first "
+                                             f"dimension {got[i].shape[0]}")
+                matrix.append(tuple(splits))
+            return Response(op, (name,), first.dtype, (first.shape,), sizes=tuple(matrix))
+        return Response(op, (name,), first.dtype, (first.shape,), first.reduce_op, first.prescale, first.postscale,
+                        first.root_rank, payload=first.payload)

@@ -1,0 +1,284 @@
+"""The background engine: one thread per process that negotiates, fuses and executes collectives.
+
+Callers only enqueue (:meth:`Engine.submit` returns a :class:`Handle`). Every cycle the thread, for each process set
+this rank belongs to (in id order, identically on every rank, so one connection per rank pair carries everything in
+a fixed order): sends its new requests to the set's coordinator (cached ones as bits), receives the batches to
+execute, executes them, and records them in the response cache. A lost peer ends the loop: every pending and future
+handle fails with :class:`HorovodInternalError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from horovod.algorithms.group import Group
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import OpType, Request, Response
+from horovod.core import fusion
+from horovod.core.controller import Coordinator, Message
+from horovod.core.handles import Handle
+from horovod.core.ops import Buffers, Entry, execute
+from horovod.core.response_cache import ResponseCache, split_hits
+
+log = logging.getLogger("horovod")
+
+SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
+                     "attempt to run a collective after hvd.shutdown().")
+
+
+class _SetState:
+    """Everything the engine keeps for one process set."""
+
+    def __init__(self, set_id: int, ranks: Sequence[int], rank: int, transport, config):
+        self.id = set_id
+        self.ranks = tuple(ranks)
+        self.index = self.ranks.index(rank) if rank in self.ranks else -1
+        self.group = Group(self.ranks, self.index, transport) if self.index >= 0 else None
+        self.cache = ResponseCache(config.cache_capacity)
+        self.coordinator = Coordinator(
+            self.ranks, self.cache, config.fusion_threshold, config.disable_group_fusion,
+            config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
+            not config.stall_check_disable) if self.index == 0 else None
+        self.last_requests: Dict[str, Request] = {}
+        self.queue: List[Request] = []
+        self.entries: Dict[str, Entry] = {}
+        self.lock = threading.Lock()
+
+    def drain(self) -> List[Request]:
+        with self.lock:
+            requests, self.queue = self.queue, []
+        return requests
+
+
+def _decode_message(data) -> Message:
+    if not (isinstance(data, tuple) and len(data) == 3 and isinstance(data[0], bool)
+            and isinstance(data[1], (list, tuple)) and all(isinstance(b, int) for b in data[1])
+            and isinstance(data[2], (list, tuple))):
+        raise HorovodInternalError(f"malformed negotiation message {data!r:.200}")
+    return Message(data[0], tuple(data[1]), tuple(Request.from_wire(r) for r in data[2]))
+
+
+class Engine:
+    """Negotiates and executes collectives for one process (rank) of a job."""
+
+    def __init__(self, config, rank: int, size: int, transport, timeline=None):
+        self.config = config
+        self.rank = rank
+        self.size = size
+        self.transport = transport
+        self.timeline = timeline
+        self._sets: Dict[int, _SetState] = {}
+        self._wake = threading.Event()
+        self._shutdown = False
+        self._error: Optional[str] = None
+        self._thread: Optional[threading.Thread] = None
+        self._buffers = Buffers()
+        self._joined = False
+        self._next_set_id = 1
+        self.cycle_time = config.cycle_time / 1000.0
+        self.on_process_sets_changed: Optional[Callable[[int, Optional[Tuple[int, ...]]], None]] = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def add_static_set(self, set_id: int, ranks: Sequence[int]) -> None:
+        self._sets[set_id] = _SetState(set_id, ranks, self.rank, self.transport, self.config)
+        self._next_set_id = max(self._next_set_id, set_id + 1)
+
+    def start(self) -> None:
+        if 0 not in self._sets:
+            self.add_static_set(0, range(self.size))
+        self._thread = threading.Thread(target=self._run, name="horovod-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Ask every rank to stop at the next cycle and wait for this rank's loop to end."""
+        self._shutdown = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self.transport.close() if self.transport is not None else None
+                self._thread.join(5.0)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._error is None
+
+    @property
+    def error(self) -> Optional[str]:
+        return self._error
+
+    # -- submission ------------------------------------------------------------------------------------------------
+
+    def submit(self, request: Request, array, output=None, process_set_id: int = 0) -> Handle:
+        """Queue one request; returns its handle.
+
+        Raises:
+            ValueError: the name is already pending in this process set, or this rank is not in the set.
+            HorovodInternalError: the engine has stopped.
+        """
+        if self._error is not None or self._shutdown or self._thread is None:
+            raise HorovodInternalError(self._error or SHUT_DOWN_MESSAGE)
+        state = self._sets.get(process_set_id)
+        if state is None:
+            raise ValueError(f"process set {process_set_id} is not registered on rank {self.rank}")
+        if state.index < 0:
+            raise ValueError(f"rank {self.rank} is not a member of process set {process_set_id} "
+                             f"(ranks {list(state.ranks)})")
+        handle = Handle(request.name)
+        with state.lock:
+            if request.name in state.entries:
+                raise ValueError(f"Duplicate tensor name {request.name!r}: a collective with this name is already "
+                                 f"pending in process set {process_set_id}; names must be unique until completed")
+            state.entries[request.name] = Entry(request, array, output, handle, process_set_id)
+            state.queue.append(request)
+        self._wake.set()
+        if self.timeline is not None:
+            self.timeline.enqueued(request)
+        return handle
+
+    def set_ranks(self, set_id: int) -> Optional[Tuple[int, ...]]:
+        state = self._sets.get(set_id)
+        return None if state is None else state.ranks
+
+    def set_ids(self) -> Dict[int, Tuple[int, ...]]:
+        return {i: s.ranks for i, s in sorted(self._sets.items())}
+
+    # -- the loop --------------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_start = 0.0
+        try:
+            while True:
+                wait = last_start + self.cycle_time - time.monotonic()
+                if wait > 0:
+                    self._wake.wait(wait)
+                self._wake.clear()
+                last_start = time.monotonic()
+                if self.timeline is not None:
+                    self.timeline.cycle_start()
+                if self._cycle():
+                    break
+        except HorovodInternalError as exc:
+            self._error = str(exc)
+        except Exception as exc:  # a bug must fail the job loudly, never hang it
+            log.exception("Horovod background loop failed")
+            self._error = f"Horovod background loop failed on rank {self.rank}: {exc!r}"
+        finally:
+            if self.transport is not None:
+                self.transport.close()
+            self._fail_all(self._error or SHUT_DOWN_MESSAGE)
+
+    def _fail_all(self, message: str) -> None:
+        for state in self._sets.values():
+            with state.lock:
+                entries, state.entries, state.queue = state.entries, {}, []
+            for entry in entries.values():
+                entry.handle.set_exception(HorovodInternalError(message))
+
+    def _cycle(self) -> bool:
+        """One negotiation and execution round over every set; True when the job shuts down."""
+        for set_id in sorted(self._sets):
+            state = self._sets.get(set_id)
+            if state is None or state.index < 0:
+                continue
+            shutdown, batches = self._negotiate(state, self._shutdown if set_id == 0 else False)
+            self._execute(state, batches)
+            if shutdown:
+                return True
+        return False
+
+    def _negotiate(self, state: _SetState, shutdown: bool) -> Tuple[bool, List[List[Response]]]:
+        hits, full = split_hits(state.cache, state.last_requests, state.drain())
+        transport = self.transport
+        if state.coordinator is not None:
+            messages = [Message(shutdown, tuple(hits), tuple(full))]
+            for peer in state.ranks[1:]:
+                messages.append(_decode_message(transport.recv_obj(peer)))
+            now = time.monotonic()
+            batches, stop, reports = state.coordinator.step(messages, now)
+            for report in reports:
+                log.warning("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+                            "ranks and are waiting for remainder of ranks for more than %.0f seconds. Stalled "
+                            "tensor %s, missing ranks: %s", report.waited, report.name, list(report.missing_ranks))
+            if self.timeline is not None:
+                self.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
+            encoded = [[state.cache.cached_bit(r) if state.cache.cached_bit(r) is not None else r.to_wire()
+                        for r in batch] for batch in batches]
+            for peer in state.ranks[1:]:
+                transport.send_obj(peer, (stop, encoded))
+            return stop, batches
+        coordinator = state.ranks[0]
+        transport.send_obj(coordinator, (shutdown, hits, [r.to_wire() for r in full]))
+        reply = transport.recv_obj(coordinator)
+        if not (isinstance(reply, tuple) and len(reply) == 2 and isinstance(reply[1], list)):
+            raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
+        try:
+            batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
+                       for batch in reply[1]]
+        except (KeyError, ValueError, TypeError) as exc:
+            raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
+        return bool(reply[0]), batches
+
+    def _execute(self, state: _SetState, batches: List[List[Response]]) -> None:
+        executed: List[Response] = []
+        for batch in batches:
+            response = fusion.merge(batch)
+            with state.lock:
+                entries = {name: state.entries[name] for name in response.names if name in state.entries}
+            if response.op == OpType.ERROR:
+                self._complete(state, entries, error=response.error)
+                continue
+            if response.op == OpType.JOIN:
+                self._joined = False
+                with state.lock:
+                    entries = {"join": state.entries["join"]} if "join" in state.entries else {}
+            tl = self.timeline
+            if tl is not None:
+                tl.start(response)
+            results = execute(response, entries, state.group, self._buffers,
+                              (lambda activity: tl.activity(response, activity)) if tl is not None else None)
+            if tl is not None:
+                tl.end(response)
+            if response.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+                results = {name: self._apply_set_change(response) for name in results}
+            self._complete(state, entries, results=results)
+            executed.extend(batch)
+        state.cache.record(executed)
+
+    def _complete(self, state: _SetState, entries: Dict[str, Entry], results=None, error=None) -> None:
+        with state.lock:
+            for name in entries:
+                state.entries.pop(name, None)
+        for name, entry in entries.items():
+            if error is not None:
+                from horovod.common.exceptions import TensorMismatchError
+                entry.handle.set_exception(TensorMismatchError(error))
+            else:
+                state.last_requests[name] = entry.request
+                entry.handle.set_result(results.get(name))
+
+    def _apply_set_change(self, response: Response):
+        ranks = tuple(response.payload or ())
+        if response.op == OpType.ADD_PROCESS_SET:
+            for set_id, state in self._sets.items():
+                if state.ranks == ranks:
+                    return -set_id - 1  # caller reports the duplicate
+            set_id = self._next_set_id
+            self._next_set_id += 1
+            self._sets[set_id] = _SetState(set_id, ranks, self.rank, self.transport, self.config)
+            return set_id
+        set_id = ranks[0] if ranks else -1
+        removed = self._sets.pop(set_id, None) if set_id > 0 else None
+        if removed is not None:
+            with removed.lock:
+                entries, removed.entries = removed.entries, {}
+            for entry in entries.values():
+                entry.handle.set_exception(HorovodInternalError(f"process set {set_id} was removed"))
+        return removed is not None
+
+    def mark_joined(self) -> None:
+        self._joined = True

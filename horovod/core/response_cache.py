@@ -1,0 +1,79 @@
+"""Horovod's response cache: every rank keeps the same LRU table of recently negotiated tensors.
+
+Each cached tensor owns a bit (its slot number). A rank whose new request equals its previous request for that name
+sends only the bit, and the coordinator sends a single-tensor response back as that bit: steady training loops
+exchange small integers instead of full descriptions. The table stays identical on every rank because every rank
+records the same responses in the same order after executing them, so bits are assigned and evicted identically.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from horovod.common.types import OpType, Request, Response
+
+CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL,
+                       OpType.REDUCESCATTER})
+
+
+class ResponseCache:
+    """LRU map name → (bit, single-tensor response); ``capacity`` 0 disables it."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: "collections.OrderedDict[str, Tuple[int, Response]]" = collections.OrderedDict()
+        self._names: Dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def bit(self, name: str) -> Optional[int]:
+        entry = self._entries.get(name)
+        return None if entry is None else entry[0]
+
+    def response(self, bit: int) -> Response:
+        """The cached response of ``bit``; KeyError for an unknown bit (a protocol error)."""
+        return self._entries[self._names[bit]][1]
+
+    def name(self, bit: int) -> str:
+        return self._names[bit]
+
+    def cached_bit(self, response: Response) -> Optional[int]:
+        """The bit of ``response`` if exactly this response is cached, else None."""
+        entry = self._entries.get(response.names[0]) if len(response.names) == 1 else None
+        return entry[0] if entry is not None and entry[1] == response else None
+
+    def record(self, responses: Iterable[Response]) -> None:
+        """Insert or refresh every cacheable single-tensor response, in order."""
+        if self.capacity <= 0:
+            return
+        for response in responses:
+            if response.op not in CACHEABLE or response.error is not None or len(response.names) != 1:
+                continue
+            name = response.names[0]
+            entry = self._entries.get(name)
+            if entry is not None:
+                self._entries[name] = (entry[0], response)
+                self._entries.move_to_end(name)
+                continue
+            if len(self._entries) >= self.capacity:
+                _, (bit, _) = self._entries.popitem(last=False)
+            else:
+                bit = len(self._entries)
+            self._entries[name] = (bit, response)
+            self._names[bit] = name
+
+
+def split_hits(cache: ResponseCache, last_requests: Dict[str, Request],
+               requests: List[Request]) -> Tuple[List[int], List[Request]]:
+    """Requests identical to the last negotiated one for a cached name travel as bits; the rest in full."""
+    hits: List[int] = []
+    full: List[Request] = []
+    for request in requests:
+        bit = cache.bit(request.name)
+        if bit is not None and last_requests.get(request.name) == request:
+            hits.append(bit)
+        else:
+            full.append(request)
+    return hits, full

@@ -1,0 +1,225 @@
+"""TCP transport: one authenticated, full-duplex connection between every pair of ranks.
+
+Connections are made once at ``init`` through the rendezvous (rank *j* dials every lower rank and accepts every
+higher one). Each peer has a sender thread, so a ring step sends to the right while receiving from the left. A
+socket error, a closed connection or a peer silent for longer than the timeout becomes
+:class:`HorovodInternalError` naming the peer; the transport then closes every connection so that the other ranks
+learn of the failure at once instead of waiting for their own timeout.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from typing import Dict, Optional, Tuple
+
+from horovod.common.exceptions import HorovodInternalError
+from horovod.transport import wire
+
+_SOCKET_BUFFER = 4 * 1024 * 1024
+_PURPOSE_MESH = 1
+
+
+class SendFuture:
+    """Completion of one queued send; ``wait`` re-raises the sender's error."""
+
+    __slots__ = ("_event", "_error")
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._error: Optional[BaseException] = None
+
+    def _finish(self, error: Optional[BaseException] = None) -> None:
+        self._error = error
+        self._event.set()
+
+    def wait(self) -> None:
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+
+
+class _Sender(threading.Thread):
+    def __init__(self, transport: "TcpTransport", peer: int):
+        super().__init__(name=f"horovod-send-{peer}", daemon=True)
+        self.transport = transport
+        self.peer = peer
+        self.jobs: "queue.SimpleQueue[Optional[Tuple[memoryview, SendFuture]]]" = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            view, future = job
+            try:
+                self.transport.send(self.peer, view)
+                future._finish()
+            except BaseException as exc:  # handed to the waiting thread
+                future._finish(exc)
+
+
+def _configure(sock: socket.socket, timeout: float) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
+        except OSError:
+            pass
+    sock.settimeout(timeout if timeout > 0 else None)
+
+
+class TcpTransport:
+    """Point-to-point messaging between the ranks of one job over authenticated TCP connections."""
+
+    def __init__(self, rank: int, size: int, secret: bytes, timeout: float):
+        self.rank = rank
+        self.size = size
+        self.secret = secret
+        self.timeout = timeout
+        self._socks: Dict[int, socket.socket] = {}
+        self._senders: Dict[int, _Sender] = {}
+        self._broken: Optional[str] = None
+        self._listener: Optional[socket.socket] = None
+
+    # -- setup ---------------------------------------------------------------------------------------------------
+
+    def listen(self, bind_host: str = "0.0.0.0") -> int:
+        """Open the listening socket; returns its port (to be published through the rendezvous)."""
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((bind_host, 0))
+        self._listener.listen(max(16, self.size))
+        return self._listener.getsockname()[1]
+
+    def connect(self, addresses: Dict[int, Tuple[str, int]], deadline: float) -> None:
+        """Dial every lower rank and accept every higher one, authenticating each; bounded by ``deadline``."""
+        try:
+            for peer in range(self.rank):
+                self._dial(peer, addresses[peer], deadline)
+            self._accept_higher(deadline)
+        except (OSError, ConnectionError) as exc:
+            self.close()
+            raise HorovodInternalError(f"rank {self.rank}: could not connect to its peers: {exc}") from None
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+        for peer, sock in self._socks.items():
+            _configure(sock, self.timeout)
+            sender = _Sender(self, peer)
+            sender.start()
+            self._senders[peer] = sender
+
+    def _dial(self, peer: int, address: Tuple[str, int], deadline: float) -> None:
+        last: Optional[BaseException] = None
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+            except OSError as exc:
+                last = exc
+                time.sleep(0.05)
+                continue
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            their_rank = wire.handshake(sock, self.secret, self.rank, _PURPOSE_MESH)
+            if their_rank != peer:
+                sock.close()
+                raise HorovodInternalError(f"rank {self.rank} dialled rank {peer} at {address} but rank "
+                                           f"{their_rank} answered")
+            self._socks[peer] = sock
+            return
+        raise HorovodInternalError(f"rank {self.rank} could not reach rank {peer} at {address[0]}:{address[1]} "
+                                   f"before the start timeout: {last}")
+
+    def _accept_higher(self, deadline: float) -> None:
+        expected = set(range(self.rank + 1, self.size))
+        while expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise HorovodInternalError(f"rank {self.rank} timed out waiting for ranks {sorted(expected)} "
+                                           f"to connect")
+            self._listener.settimeout(remaining)
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            sock.settimeout(min(remaining, 10.0))
+            try:
+                peer = wire.handshake(sock, self.secret, self.rank, _PURPOSE_MESH)
+            except (HorovodInternalError, OSError, ConnectionError):
+                sock.close()  # a stranger or a garbled greeting: drop it and keep waiting for real peers
+                continue
+            if peer not in expected:
+                sock.close()
+                continue
+            expected.discard(peer)
+            self._socks[peer] = sock
+
+    # -- messaging -------------------------------------------------------------------------------------------------
+
+    def _fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
+        if self._broken is None:
+            if isinstance(exc, socket.timeout):
+                self._broken = (f"rank {peer} sent nothing for {self.timeout:g} s "
+                                f"(HOROVOD_GLOO_TIMEOUT_SECONDS); it is hung or unreachable")
+            else:
+                self._broken = f"connection to rank {peer} failed: {exc}; that rank probably died"
+            self.close()
+        return HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+
+    def _sock(self, peer: int) -> socket.socket:
+        if self._broken is not None:
+            raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+        try:
+            return self._socks[peer]
+        except KeyError:
+            raise HorovodInternalError(f"rank {self.rank} has no connection to rank {peer}") from None
+
+    def send(self, peer: int, data) -> None:
+        sock = self._sock(peer)
+        try:
+            sock.sendall(data)
+        except (OSError, ConnectionError) as exc:
+            raise self._fail(peer, exc) from None
+
+    def isend(self, peer: int, view: memoryview) -> SendFuture:
+        """Queue ``view`` for sending to ``peer``; the buffer must stay untouched until ``wait`` returns."""
+        future = SendFuture()
+        self._sock(peer)
+        self._senders[peer].jobs.put((view, future))
+        return future
+
+    def recv_into(self, peer: int, view: memoryview) -> None:
+        sock = self._sock(peer)
+        try:
+            wire.recv_exact(sock, view)
+        except (OSError, ConnectionError) as exc:
+            raise self._fail(peer, exc) from None
+
+    def send_obj(self, peer: int, message) -> None:
+        sock = self._sock(peer)
+        try:
+            wire.send_frame(sock, wire.encode(message))
+        except (OSError, ConnectionError) as exc:
+            raise self._fail(peer, exc) from None
+
+    def recv_obj(self, peer: int):
+        sock = self._sock(peer)
+        try:
+            return wire.decode(wire.recv_frame(sock))
+        except (OSError, ConnectionError) as exc:
+            raise self._fail(peer, exc) from None
+
+    def close(self) -> None:
+        for sender in self._senders.values():
+            sender.jobs.put(None)
+        for sock in list(self._socks.values()):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        if self._broken is None:
+            self._broken = "the transport was closed (Horovod has been shut down)"

@@ -1,0 +1,96 @@
+"""Framing, the control-message codec and connection authentication.
+
+Control messages are tuples, lists, dicts, strings, bytes, numbers, booleans and None only: they are pickled and
+unpickled with an unpickler that refuses every class, so nothing from the network can name code to run. Each frame
+is a 4-byte big-endian length then the payload, capped at :data:`MAX_CONTROL_BYTES`.
+
+Authentication is a mutual challenge-response: each side sends a random nonce and proves knowledge of the job secret
+with an HMAC over both nonces, its rank and the connection's purpose, before anything else is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import os
+import pickle
+import socket
+import struct
+from typing import Any
+
+from horovod.common.exceptions import HorovodInternalError
+
+MAGIC = b"HVDPY1\0\0"
+MAX_CONTROL_BYTES = 64 * 1024 * 1024
+_LEN = struct.Struct("!I")
+_HELLO = struct.Struct("!8s16sii")   # magic, nonce, rank, purpose id
+
+
+class _NoClassUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"control message names a class ({module}.{name}); refused")
+
+
+def encode(message: Any) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(payload: bytes) -> Any:
+    try:
+        return _NoClassUnpickler(io.BytesIO(payload)).load()
+    except Exception as exc:  # any garbage must become one clear error, never a crash elsewhere
+        raise HorovodInternalError(f"garbled control message ({len(payload)} bytes): {exc}") from None
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; a closed connection raises ConnectionError."""
+    got = 0
+    total = len(view)
+    while got < total:
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            raise ConnectionError("connection closed by peer")
+        got += n
+
+
+def send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_LEN.pack(len(payload)) + payload if len(payload) < 65536 else _LEN.pack(len(payload)))
+    if len(payload) >= 65536:
+        sock.sendall(payload)
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    header = bytearray(_LEN.size)
+    recv_exact(sock, memoryview(header))
+    (length,) = _LEN.unpack(header)
+    if length > MAX_CONTROL_BYTES:
+        raise HorovodInternalError(f"control frame of {length} bytes exceeds the {MAX_CONTROL_BYTES} limit")
+    payload = bytearray(length)
+    recv_exact(sock, memoryview(payload))
+    return bytes(payload)
+
+
+def _proof(secret: bytes, my_nonce: bytes, their_nonce: bytes, rank: int, purpose: int) -> bytes:
+    return hmac.new(secret, my_nonce + their_nonce + struct.pack("!ii", rank, purpose), hashlib.sha256).digest()
+
+
+def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int) -> int:
+    """Authenticate both ends of a fresh connection; returns the peer's rank.
+
+    Raises:
+        HorovodInternalError: the peer does not know the secret, speaks another protocol or another purpose.
+    """
+    nonce = os.urandom(16)
+    sock.sendall(_HELLO.pack(MAGIC, nonce, my_rank, purpose))
+    hello = bytearray(_HELLO.size)
+    recv_exact(sock, memoryview(hello))
+    magic, their_nonce, their_rank, their_purpose = _HELLO.unpack(hello)
+    if magic != MAGIC or their_purpose != purpose:
+        raise HorovodInternalError("peer speaks another protocol or belongs to another job")
+    sock.sendall(_proof(secret, nonce, their_nonce, my_rank, purpose))
+    proof = bytearray(32)
+    recv_exact(sock, memoryview(proof))
+    if not hmac.compare_digest(bytes(proof), _proof(secret, their_nonce, nonce, their_rank, purpose)):
+        raise HorovodInternalError("peer failed authentication (wrong job secret)")
+    return their_rank
