@@ -1,0 +1,98 @@
+"""Pytest fixtures and markers for the three test tiers.
+
+* ``unit``  — pure logic, no processes (negotiation, fusion plans, slot assignment, flag mapping).
+* ``ranks`` — a function on N real processes through :func:`~horovod.testing.spawn_ranks` (fixture ``spawn``).
+* ``cli``   — the real ``horovodrun`` in a subprocess (fixture ``horovodrun``).
+
+Enable with ``pytest_plugins = ["horovod.testing.fixtures"]`` in a ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+from typing import Callable, Iterable, List, Mapping, Optional, Sequence
+
+import pytest
+
+from horovod.common import config
+from horovod.testing.spawn import spawn_ranks
+
+TIERS = {
+    "unit": "pure logic, no processes",
+    "ranks": "functions on N real processes via spawn_ranks",
+    "cli": "the real horovodrun command line in a subprocess",
+}
+
+
+def pytest_configure(config):  # noqa: D103 — pytest hook
+    for name, doc in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            # The state follows the parenthesised command name, which may itself contain spaces.
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not os.path.exists("/proc") or os.path.exists(f"/proc/{pid}")
+
+
+def live_processes(pids: Iterable[int]) -> List[int]:
+    """The pids of ``pids`` that are still alive; tests assert it is empty after a job."""
+    return [pid for pid in pids if process_alive(pid)]
+
+
+def run_horovodrun(args: Sequence[str], timeout: float = 30.0, env: Optional[Mapping[str, str]] = None,
+                   cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run ``python -m horovod.runner ARGS`` to completion and capture its output.
+
+    The launcher runs in its own process group, killed with SIGKILL if it overruns ``timeout``.
+
+    Raises:
+        subprocess.TimeoutExpired: the launcher did not finish in time (it has been killed).
+    """
+    full_env = {**config.environ_snapshot(), **dict(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "horovod.runner", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full_env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture
+def spawn() -> Callable:
+    """``spawn(fn, world_size, timeout=60, args=(), env=None)``: :func:`spawn_ranks`."""
+    return functools.partial(spawn_ranks)
+
+
+@pytest.fixture
+def horovodrun() -> Callable[..., subprocess.CompletedProcess]:
+    """``horovodrun(["-np", "2", "python", "x.py"], timeout=30)``: run the real launcher, see :func:`run_horovodrun`."""
+    return run_horovodrun
+
+
+__all__ = ["TIERS", "process_alive", "live_processes", "run_horovodrun", "spawn", "horovodrun"]
