@@ -123,7 +123,7 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
         num_proc = sum(h.slots for h in host_list)
     check_local(host_list)
     slot_infos = get_host_assignments(host_list, num_proc)
-    extra_env = package_pythonpath()
+    extra_env = package_pythonpath(include_caller_path=True)
     nics = [network_interface] if network_interface else list(network_interfaces or [])
     if nics:
         extra_env["HOROVOD_GLOO_IFACE"] = nics[0]

@@ -119,11 +119,23 @@ def build_specs(launch: LaunchConfig, rendezvous: RendezvousInfo,
                        worker_env(base, slot, rendezvous, launch.extra_env)) for slot in launch.slots]
 
 
-def package_pythonpath() -> Dict[str, str]:
-    """``PYTHONPATH`` with this package's parent first, so ``python -m horovod....`` workers import this copy."""
+def package_pythonpath(include_caller_path: bool = False) -> Dict[str, str]:
+    """``PYTHONPATH`` for workers started with ``python -m horovod....``: this package's parent first.
+
+    Args:
+        include_caller_path: also add this process's own ``sys.path`` entries outside the interpreter's prefix
+            (a test directory, a script's folder), so functions pickled by reference import in the workers.
+    """
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    entries = [root]
+    if include_caller_path:
+        prefixes = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+        entries += [p for p in sys.path if p and os.path.isdir(p) and p not in entries
+                    and not (os.path.realpath(p) + os.sep).startswith(prefixes)]
     current = config.environ_get("PYTHONPATH")
-    return {"PYTHONPATH": root + (os.pathsep + current if current else "")}
+    if current:
+        entries.append(current)
+    return {"PYTHONPATH": os.pathsep.join(entries)}
 
 
 def check_local(hosts: Sequence[HostInfo]) -> None:

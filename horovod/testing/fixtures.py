@@ -19,6 +19,7 @@ from typing import Callable, Iterable, List, Mapping, Optional, Sequence
 import pytest
 
 from horovod.common import config
+from horovod.runner.launch import package_pythonpath
 from horovod.testing.spawn import spawn_ranks
 
 TIERS = {
@@ -64,7 +65,7 @@ def run_horovodrun(args: Sequence[str], timeout: float = 30.0, env: Optional[Map
     Raises:
         subprocess.TimeoutExpired: the launcher did not finish in time (it has been killed).
     """
-    full_env = {**config.environ_snapshot(), **dict(env or {})}
+    full_env = {**config.environ_snapshot(), **package_pythonpath(), **dict(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "horovod.runner", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=full_env, cwd=cwd, start_new_session=True)
     try:

@@ -87,6 +87,20 @@ def decide_outcome(result: JobResult, outcomes: Mapping[int, TaskOutcome], stack
     return [outcomes[r].value for r in range(world_size)]
 
 
+def _dumps_by_value(fn: Callable, args: Sequence, kwargs: Optional[Dict[str, Any]]) -> bytes:
+    """Pickle ``fn`` with its defining module by value when workers could not import that module (test files)."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    filename = os.path.basename(getattr(module, "__file__", "") or "")
+    by_value = module is not None and module.__name__ != "__main__" and filename.startswith(("test_", "conftest"))
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
 def spawn_ranks(fn: Callable, world_size: int, timeout: float = 60.0, args: Sequence = (),
                 env: Optional[Mapping[str, str]] = None, kwargs: Optional[Dict[str, Any]] = None) -> List[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes and return the results by rank.
@@ -106,12 +120,12 @@ def spawn_ranks(fn: Callable, world_size: int, timeout: float = 60.0, args: Sequ
         SpawnTimeout: ranks did not finish in time (their stacks are in the message).
     """
     slots = get_host_assignments([HostInfo("localhost", world_size)], world_size)
-    extra_env = {**package_pythonpath(), **dict(env or {})}
+    extra_env = {**package_pythonpath(include_caller_path=True), **dict(env or {})}
     with tempfile.TemporaryDirectory(prefix="horovod-spawn-") as stack_dir, \
             rendezvous_service() as (server, rendezvous):
         command = (sys.executable, "-m", "horovod.testing._worker", repr(float(timeout)), stack_dir)
         launch = LaunchConfig(command=command, slots=tuple(slots), extra_env=extra_env, grace_seconds=2.0)
-        server.store.put(SPAWN_SCOPE, FUNC_KEY, cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}))))
+        server.store.put(SPAWN_SCOPE, FUNC_KEY, _dumps_by_value(fn, args, kwargs))
         result = launch_local(launch, rendezvous, timeout=timeout + _BACKSTOP_SECONDS)
         outcomes: Dict[int, TaskOutcome] = {}
         for rank in range(world_size):
