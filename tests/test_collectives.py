@@ -1,0 +1,83 @@
+"""Every collective on 1-4 real ranks against numpy references (spawned ranks and the real horovodrun)."""
+
+import os
+import sys
+
+import pytest
+
+from horovod.testing import spawn_ranks
+from horovod.testing.fixtures import run_horovodrun
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMALL_FUSION = {"HOROVOD_FUSION_THRESHOLD": "65536"}
+
+
+def _all_checks():
+    sys.path.insert(0, HERE)
+    import collective_checks
+    import horovod.numpy as hvd
+    hvd.init()
+    n = hvd.size()
+    subset = hvd.ProcessSet(list(range(0, n, 2)))
+    odd = hvd.ProcessSet(list(range(1, n, 2))) if n > 1 else None
+    hvd.shutdown()     # and init again: re-initialisation must work
+    hvd.init(process_sets=[s for s in (subset, odd) if s is not None])
+    try:
+        return collective_checks.run_all(hvd, subset, odd)
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_every_op_dtype_shape_matches_numpy(world_size):
+    results = spawn_ranks(_all_checks, world_size, timeout=120, env=SMALL_FUSION)
+    for rank, (count, failures) in enumerate(results):
+        assert count > 300, f"rank {rank} ran only {count} checks"
+        assert failures == [], f"rank {rank}: {failures[:10]}"
+
+
+@pytest.mark.cli
+def test_under_horovodrun_three_ranks():
+    proc = run_horovodrun(["-np", "3", "--fusion-threshold-mb", "0", sys.executable,
+                           os.path.join(HERE, "collective_checks.py")], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank in range(3):
+        assert f"[{rank}]<stdout>:rank {rank}: " in proc.stdout and "0 failures" in proc.stdout
+
+
+def _dynamic_sets():
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init(process_sets="dynamic")
+    try:
+        n = hvd.size()
+        first = hvd.add_process_set([0])
+        rest = hvd.add_process_set(list(range(1, n)))
+        ids = hvd.common.basics._get_process_set_ids_and_ranks() if hasattr(hvd, "common") else None
+        from horovod.common import basics
+        ids = basics._get_process_set_ids_and_ranks()
+        got = None
+        if rest.included():
+            got = hvd.allreduce(np.array([1.0]), op=hvd.Sum, process_set=rest, name="rest").tolist()
+        try:
+            hvd.add_process_set([0])
+            duplicate = "no error"
+        except ValueError as exc:
+            duplicate = str(exc)
+        removed = hvd.remove_process_set(first)
+        after = basics._get_process_set_ids_and_ranks()
+        return ids, got, "duplicate" in duplicate, removed, after, first.process_set_id, rest.rank()
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.ranks
+def test_dynamic_process_sets_numbered_in_registration_order():
+    results = spawn_ranks(_dynamic_sets, 3, timeout=60)
+    for rank, (ids, got, duplicate, removed, after, first_id, rest_rank) in enumerate(results):
+        assert ids == {0: [0, 1, 2], 1: [0], 2: [1, 2]}
+        assert got == (None if rank == 0 else [2.0])
+        assert duplicate and removed and first_id is None
+        assert after == {0: [0, 1, 2], 2: [1, 2]}
+        assert rest_rank == (None if rank == 0 else rank - 1)

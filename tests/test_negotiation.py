@@ -1,0 +1,168 @@
+"""Negotiation, response cache and fusion planning: pure logic, no processes."""
+
+import pytest
+
+from horovod.common.types import OpType, ReduceOp, Request, Response
+from horovod.core import fusion
+from horovod.core.controller import Coordinator, Message
+from horovod.core.response_cache import ResponseCache, split_hits
+
+
+def req(name, shape=(4,), dtype="float32", op=OpType.ALLREDUCE, **kw):
+    return Request(name, op, dtype, shape, **kw)
+
+
+def msg(*requests, hits=(), shutdown=False):
+    return Message(shutdown, tuple(hits), tuple(requests))
+
+
+def coordinator(size=2, threshold=1 << 20, capacity=16, **kw):
+    return Coordinator(list(range(size)), ResponseCache(capacity), threshold, **kw)
+
+
+def names(batches):
+    return [[n for r in b for n in r.names] for b in batches]
+
+
+def test_ready_only_when_every_rank_submitted():
+    c = coordinator(3)
+    batches, stop, _ = c.step([msg(req("a")), msg(), msg(req("a"))], now=0.0)
+    assert batches == [] and not stop
+    batches, _, _ = c.step([msg(), msg(req("a")), msg()], now=0.1)
+    assert names(batches) == [["a"]]
+
+
+def test_ranks_may_submit_in_any_order_and_ready_tensors_fuse():
+    c = coordinator(2)
+    batches, _, _ = c.step([msg(req("a"), req("b")), msg(req("b"), req("a"))], now=0.0)
+    assert names(batches) == [["a", "b"]]
+
+
+def test_fusion_respects_threshold_dtype_and_op():
+    c = coordinator(2, threshold=32)
+    reqs = [req("a", (4,)), req("b", (4,)), req("c", (4,)), req("d", (4,), dtype="float64"),
+            req("e", (4,), reduce_op=ReduceOp.MAX)]
+    batches, _, _ = c.step([msg(*reqs), msg(*reqs)], now=0.0)
+    assert names(batches) == [["a", "b"], ["c"], ["d"], ["e"]]
+
+
+def test_zero_threshold_disables_fusion():
+    responses = [Response(OpType.ALLREDUCE, (n,), "float32", ((4,),)) for n in "abc"]
+    assert len(fusion.plan_batches(responses, [-1] * 3, 0)) == 3
+
+
+def test_groups_stay_together_and_wait_for_each_other():
+    c = coordinator(2, threshold=8)
+    g = dict(group=7, payload=(2,))
+    batches, _, _ = c.step([msg(req("x1", **g)), msg(req("x1", **g))], now=0.0)
+    assert batches == []
+    batches, _, _ = c.step([msg(req("x2", **g)), msg(req("x2", **g))], now=0.0)
+    assert names(batches) == [["x1", "x2"]]    # one batch although larger than the threshold
+
+
+@pytest.mark.parametrize("field,kwargs,text", [
+    ("shape", dict(shape=(5,)), "shape"),
+    ("dtype", dict(dtype="float64"), "data type"),
+    ("op", dict(reduce_op=ReduceOp.MAX), "reduce op"),
+    ("prescale", dict(prescale=2.0), "prescale factor"),
+])
+def test_mismatch_names_tensor_field_and_ranks(field, kwargs, text):
+    c = coordinator(2)
+    batches, _, _ = c.step([msg(req("t")), msg(req("t", **kwargs))], now=0.0)
+    (response,), = batches
+    assert response.op == OpType.ERROR
+    assert "'t'" in response.error and text in response.error
+    assert "rank 0" in response.error and "rank 1" in response.error
+
+
+def test_broadcast_root_mismatch():
+    c = coordinator(2)
+    b = dict(op=OpType.BROADCAST)
+    batches, _, _ = c.step([msg(req("t", root_rank=0, **b)), msg(req("t", root_rank=1, **b))], now=0.0)
+    assert "root rank" in batches[0][0].error
+
+
+def test_allgather_carries_first_dims_and_checks_trailing():
+    c = coordinator(2)
+    ag = dict(op=OpType.ALLGATHER)
+    batches, _, _ = c.step([msg(req("g", (2, 3), **ag)), msg(req("g", (5, 3), **ag))], now=0.0)
+    assert batches[0][0].sizes == ((2, 5),)
+    batches, _, _ = c.step([msg(req("h", (2, 3), **ag)), msg(req("h", (2, 4), **ag))], now=0.0)
+    assert "trailing dimensions" in batches[0][0].error
+
+
+def test_alltoall_splits_matrix():
+    c = coordinator(2)
+    a = dict(op=OpType.ALLTOALL)
+    batches, _, _ = c.step([msg(req("a", (3,), splits=(1, 2), **a)), msg(req("a", (2,), splits=(2, 0), **a))], 0.0)
+    assert batches[0][0].sizes == ((1, 2), (2, 0))
+
+
+def test_join_makes_allreduce_ready_and_rejects_allgather():
+    c = coordinator(2)
+    batches, _, _ = c.step([msg(req("j", op=OpType.JOIN)), msg(req("a"), req("g", (1,), op=OpType.ALLGATHER))], 0.0)
+    flat = [r for b in batches for r in b]
+    assert flat[0].names == ("a",) and flat[0].error is None
+    assert flat[1].op == OpType.ERROR and "not supported with Join" in flat[1].error
+    batches, _, _ = c.step([msg(), msg(req("j", op=OpType.JOIN))], 0.0)
+    assert batches[-1][0].op == OpType.JOIN and batches[-1][0].last_joined == 1
+
+
+def test_shutdown_flag_from_any_rank():
+    c = coordinator(2)
+    _, stop, _ = c.step([msg(), msg(shutdown=True)], 0.0)
+    assert stop
+
+
+def test_stall_report_names_missing_ranks_and_shutdown_time_fails_tensor():
+    c = coordinator(3, stall_warning=5.0, stall_shutdown=10.0)
+    c.step([msg(req("s")), msg(), msg(req("s"))], now=0.0)
+    _, _, reports = c.step([msg(), msg(), msg()], now=6.0)
+    assert [(r.name, r.missing_ranks) for r in reports] == [("s", (1,))]
+    batches, _, _ = c.step([msg(), msg(), msg()], now=11.0)
+    assert batches[0][0].op == OpType.ERROR and "stalled" in batches[0][0].error
+
+
+def test_cache_hits_travel_as_bits_and_decode_identically():
+    c = coordinator(2)
+    worker_cache = ResponseCache(16)
+    last = {}
+    r = req("w")
+    batches, _, _ = c.step([msg(r), msg(r)], 0.0)
+    executed = [x for b in batches for x in b]
+    c.cache.record(executed)
+    worker_cache.record(executed)
+    last["w"] = r
+    hits, full = split_hits(worker_cache, last, [r, req("new")])
+    assert hits == [worker_cache.bit("w")] and [f.name for f in full] == ["new"]
+    chits, _ = split_hits(c.cache, last, [r])
+    batches, _, _ = c.step([msg(hits=chits), msg(hits=hits)], 0.0)
+    assert names(batches) == [["w"]]
+    assert worker_cache.cached_bit(batches[0][0]) == c.cache.cached_bit(batches[0][0]) is not None
+
+
+def test_changed_request_is_a_miss():
+    cache = ResponseCache(4)
+    r = req("w")
+    cache.record([Response(OpType.ALLREDUCE, ("w",), "float32", ((4,),))])
+    hits, full = split_hits(cache, {"w": r}, [req("w", (8,))])
+    assert hits == [] and len(full) == 1
+
+
+def test_cache_lru_eviction_is_deterministic_and_capacity_zero_disables():
+    def fill(cache):
+        for n in ["a", "b", "c", "a", "d"]:
+            cache.record([Response(OpType.ALLREDUCE, (n,), "float32", ((1,),))])
+        return {n: cache.bit(n) for n in "abcd"}
+    one, two = ResponseCache(3), ResponseCache(3)
+    assert fill(one) == fill(two)
+    assert one.bit("b") is None and one.bit("d") == 1   # b was least recently used; d reuses its bit
+    off = ResponseCache(0)
+    fill(off)
+    assert len(off) == 0
+
+
+def test_errors_and_barriers_are_not_cached():
+    cache = ResponseCache(4)
+    cache.record([Response(OpType.ERROR, ("e",), error="x"), Response(OpType.BARRIER, ("b",))])
+    assert len(cache) == 0
