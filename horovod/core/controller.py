@@ -16,6 +16,7 @@ from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response
 from horovod.core import fusion
 from horovod.core.response_cache import ResponseCache
 
+FATAL_ERROR = 1   # ERROR response payload: raise HorovodInternalError, as Horovod shuts down on a stall
 _JOIN_UNSUPPORTED = (OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER)
 
 
@@ -102,7 +103,8 @@ class Coordinator:
                     self._first_seen.pop(report.name, None)
                     ready.append((Response(OpType.ERROR, (report.name,), error=(
                         f"Tensor {report.name!r} stalled for {report.waited:.0f} s: ranks "
-                        f"{list(report.missing_ranks)} never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")), -1))
+                        f"{list(report.missing_ranks)} never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)"),
+                        payload=(FATAL_ERROR,)), -1))
 
         groups = [g if not self.disable_group_fusion else -1 for _, g in ready]
         batches = fusion.plan_batches([r for r, _ in ready], groups, self.fusion_threshold)

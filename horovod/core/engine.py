@@ -15,10 +15,10 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from horovod.algorithms.group import Group
-from horovod.common.exceptions import HorovodInternalError
+from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OpType, Request, Response
 from horovod.core import fusion
-from horovod.core.controller import Coordinator, Message
+from horovod.core.controller import FATAL_ERROR, Coordinator, Message
 from horovod.core.handles import Handle
 from horovod.core.ops import Buffers, Entry, execute
 from horovod.core.response_cache import ResponseCache, split_hits
@@ -230,7 +230,9 @@ class Engine:
             with state.lock:
                 entries = {name: state.entries[name] for name in response.names if name in state.entries}
             if response.op == OpType.ERROR:
-                self._complete(state, entries, error=response.error)
+                fatal = response.payload == (FATAL_ERROR,)
+                self._complete(state, entries, error=(HorovodInternalError if fatal else TensorMismatchError)(
+                    response.error))
                 continue
             if response.op == OpType.JOIN:
                 self._joined = False
@@ -255,8 +257,7 @@ class Engine:
                 state.entries.pop(name, None)
         for name, entry in entries.items():
             if error is not None:
-                from horovod.common.exceptions import TensorMismatchError
-                entry.handle.set_exception(TensorMismatchError(error))
+                entry.handle.set_exception(error)
             else:
                 state.last_requests[name] = entry.request
                 entry.handle.set_result(results.get(name))

@@ -1,0 +1,211 @@
+"""Errors instead of hangs: mismatches, duplicate names, stalls, dead peers, use outside init; and the timeline."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from horovod.testing import spawn_ranks
+
+
+def _mismatches():
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.common.exceptions import TensorMismatchError
+    hvd.init()
+    me = hvd.rank()
+    errors = {}
+    cases = {
+        "shape": lambda: hvd.allreduce(np.ones(3 + me), name="shape"),
+        "dtype": lambda: hvd.allreduce(np.ones(3, dtype=np.float32 if me else np.float64), name="dtype"),
+        "op": lambda: hvd.allreduce(np.ones(3), op=hvd.Sum if me else hvd.Max, name="op"),
+        "root": lambda: hvd.broadcast(np.ones(3), root_rank=me, name="root"),
+        "prescale": lambda: hvd.allreduce(np.ones(3), prescale_factor=1.0 + me, name="prescale"),
+    }
+    for case, call in cases.items():
+        try:
+            call()
+            errors[case] = None
+        except TensorMismatchError as exc:
+            errors[case] = str(exc)
+    # A mismatch is not fatal: the job goes on.
+    after = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after").tolist()
+    handle = hvd.allreduce_async(np.ones(2), name="dup")
+    try:
+        hvd.allreduce_async(np.ones(2), name="dup")
+        duplicate = None
+    except ValueError as exc:
+        duplicate = str(exc)
+    handle.result()
+    hvd.shutdown()
+    return errors, after, duplicate
+
+
+@pytest.mark.ranks
+def test_mismatches_fail_on_every_rank_and_job_goes_on():
+    for rank, (errors, after, duplicate) in enumerate(spawn_ranks(_mismatches, 2, timeout=60)):
+        for case, text in errors.items():
+            assert text is not None, f"rank {rank}: no error for mismatched {case}"
+            assert "rank 0" in text and "rank 1" in text and f"'{'broadcast' if case == 'root' else 'allreduce'}.{case}'" in text
+        assert "shape" in errors["shape"] and "(3,)" in errors["shape"] and "(4,)" in errors["shape"]
+        assert "float32" in errors["dtype"] and "float64" in errors["dtype"]
+        assert "root rank" in errors["root"]
+        assert after == [2.0, 2.0]
+        assert duplicate is not None and "Duplicate tensor name" in duplicate
+
+
+def _stall(marker):
+    import logging
+    import numpy as np
+    import horovod.numpy as hvd
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("horovod").addHandler(Keep())
+    hvd.init()
+    error = None
+    if hvd.rank() == 0:
+        try:
+            hvd.allreduce(np.ones(1), name="lonely")
+        except Exception as exc:  # the stall shutdown error
+            error = f"{type(exc).__name__}: {exc}"
+        open(marker, "w").close()
+    else:
+        # Rank 1 must stay silent (any collective it submitted would stall too) until rank 0 saw its error.
+        deadline = time.monotonic() + 30
+        while not os.path.exists(marker):
+            assert time.monotonic() < deadline, "rank 0 never reported the stalled tensor"
+            time.sleep(0.01)
+    hvd.shutdown()
+    return error, records
+
+
+@pytest.mark.ranks
+def test_stall_warning_names_tensor_and_missing_rank_then_fails_it(tmp_path):
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"}
+    (error, records), _ = spawn_ranks(_stall, 2, timeout=60, env=env, args=(str(tmp_path / "marker"),))
+    assert error is not None and error.startswith("HorovodInternalError")
+    assert "allreduce.lonely" in error and "[1]" in error
+    assert any("allreduce.lonely" in r and "missing ranks: [1]" in r for r in records), records
+
+
+def _outside_init():
+    import numpy as np
+    import horovod.numpy as hvd
+    seen = []
+    for call in (hvd.rank, hvd.size, lambda: hvd.allreduce(np.ones(1))):
+        try:
+            call()
+        except ValueError as exc:
+            seen.append(str(exc))
+    hvd.init()
+    hvd.shutdown()
+    try:
+        hvd.allreduce(np.ones(1))
+    except ValueError as exc:
+        seen.append(str(exc))
+    hvd.init()
+    value = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
+    hvd.shutdown()
+    return seen, value
+
+
+@pytest.mark.ranks
+def test_calls_outside_init_raise_horovods_error_and_reinit_works():
+    for seen, value in spawn_ranks(_outside_init, 2, timeout=60):
+        assert len(seen) == 4 and all("Horovod has not been initialized; use hvd.init()." in s for s in seen)
+        assert value == [2.0]
+
+
+DEATH_SCRIPT = r"""
+import os, sys, time
+import numpy as np
+import horovod.numpy as hvd
+from horovod.common.exceptions import HorovodInternalError
+hvd.init()
+hvd.allreduce(np.ones(4), name="warmup")
+if hvd.rank() == 1:
+    os._exit(3)
+start = time.monotonic()
+try:
+    for i in range(1000):
+        hvd.allreduce(np.ones(4), name=f"step{i}")
+    print("NO ERROR")
+except HorovodInternalError as exc:
+    print(f"ERROR after {time.monotonic() - start:.2f}s: {exc}")
+"""
+
+
+@pytest.mark.ranks
+def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path):
+    from horovod.common.rendezvous_client import make_secret
+    from horovod.runner.rendezvous import RendezvousServer
+    from horovod.runner.launch import package_pythonpath
+    script = tmp_path / "death.py"
+    script.write_text(DEATH_SCRIPT)
+    secret = make_secret()
+    with RendezvousServer(secret, host="127.0.0.1") as server:
+        procs = []
+        try:
+            for rank in range(3):
+                env = dict(os.environ, **package_pythonpath(), HOROVOD_RANK=str(rank), HOROVOD_SIZE="3",
+                           HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1", HOROVOD_GLOO_RENDEZVOUS_PORT=str(server.port),
+                           HOROVOD_SECRET_KEY=secret.hex(), HOROVOD_GLOO_TIMEOUT_SECONDS="30")
+                procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
+            outputs = [p.communicate(timeout=60)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    assert procs[1].returncode == 3
+    for rank in (0, 2):
+        assert "ERROR after" in outputs[rank], outputs[rank]
+        seconds = float(outputs[rank].split("ERROR after ")[1].split("s:")[0])
+        assert seconds < 10, outputs[rank]
+
+
+def _timeline(path):
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    for step in range(3):
+        handles = [hvd.allreduce_async(np.ones(16, np.float32), name=f"w{i}") for i in range(3)]
+        [h.result() for h in handles]
+    hvd.broadcast(np.ones(3), root_rank=0, name="b")
+    if hvd.rank() == 0:
+        # valid JSON while the job runs: wait (bounded) for the writer's flush, which happens within 100 ms
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                events = json.load(open(path))
+                if any(e.get("name") == "BROADCAST" for e in events):
+                    break
+            except ValueError:
+                pass
+            assert time.monotonic() < deadline, "timeline not flushed within 5 s"
+            time.sleep(0.02)
+    hvd.shutdown()
+
+
+@pytest.mark.ranks
+def test_timeline_is_chrome_trace_json(tmp_path):
+    path = str(tmp_path / "timeline.json")
+    spawn_ranks(_timeline, 2, timeout=60, args=(path,),
+                env={"HOROVOD_TIMELINE": path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    events = json.load(open(path))
+    names = {e.get("name") for e in events}
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "RING_ALLREDUCE", "BROADCAST",
+            "CYCLE_START", "0", "1"} <= names
+    tensors = {e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"] > 0}
+    assert {"allreduce.w0", "allreduce.w1", "allreduce.w2", "broadcast.b"} <= tensors
+    begins = sum(1 for e in events if e.get("ph") == "B")
+    ends = sum(1 for e in events if e.get("ph") == "E")
+    assert begins == ends
