@@ -1,0 +1,47 @@
+"""``import horovod.torch as hvd``: Horovod's PyTorch API on CPU tensors.
+
+A thin binding over :mod:`horovod.common`: tensors go to the core as zero-copy numpy views; this package adds
+integer handles (:mod:`.mpi_ops`), autograd (:mod:`.autograd`), compression, ``DistributedOptimizer``,
+parameter/optimizer-state broadcast (:mod:`.functions`) and ``SyncBatchNorm``. Importing it starts nothing;
+``hvd.init()`` does.
+"""
+
+from horovod.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+                                   gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
+                                   shutdown, size, start_timeline, stop_timeline)
+from horovod.common.collectives import Adasum, Average, Max, Min, Product, Sum
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.torch.autograd import (allgather, allreduce, alltoall, broadcast, grouped_allreduce,
+                                    grouped_reducescatter, reducescatter)
+from horovod.torch.compression import Compression
+from horovod.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                                     broadcast_parameters)
+from horovod.torch.mpi_ops import (allgather_async, allreduce_, allreduce_async, allreduce_async_, alltoall_async,
+                                   barrier, broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
+                                   grouped_allgather_async, grouped_allreduce_, grouped_allreduce_async,
+                                   grouped_allreduce_async_, grouped_reducescatter_async, join, poll,
+                                   reducescatter_async, sparse_allreduce_async, synchronize)
+from horovod.torch.optimizer import DistributedOptimizer
+from horovod.torch.sync_batch_norm import SyncBatchNorm
+
+__all__ = [
+    # basics
+    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank",
+    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "HorovodInternalError", "HostsUpdatedInterrupt",
+    # process sets and ops
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    # collectives
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "sparse_allreduce_async", "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "poll", "synchronize", "join", "barrier", "broadcast_object", "allgather_object",
+    # training
+    "Compression", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "SyncBatchNorm",
+]

@@ -1,0 +1,103 @@
+"""Broadcasting a model's parameters and an optimizer's state from one rank, and object collectives."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import torch
+
+from horovod.common import collectives as _c
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.torch import mpi_ops as _ops
+
+
+def broadcast_parameters(params, root_rank: int, prefix: Optional[str] = None,
+                         process_set: ProcessSet = global_process_set) -> None:
+    """Overwrite tensors in place with ``root_rank``'s values, e.g. ``model.state_dict()`` before training.
+
+    Args:
+        params: a dict of name -> tensor (broadcast in sorted name order), or a list of tensors or of
+            ``(name, tensor)`` pairs, in the same order on every rank.
+        root_rank: the global rank whose values everyone receives.
+        prefix: prepended to every name (keeps several broadcasts apart).
+    Raises:
+        ValueError: ``params`` is of another type.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"broadcast_parameters expects a dict or a list of tensors, not {type(params).__name__}")
+    handles = []
+    for name, tensor in items:
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: {name!r} is a {type(tensor).__name__}, not a tensor")
+        full = f"{prefix}{name}" if prefix and name is not None else name
+        handles.append(_ops.broadcast_async_(tensor, root_rank, name=full, process_set=process_set))
+    for handle in handles:
+        _ops.synchronize(handle)
+
+
+def _create_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state by one step on zero gradients, leaving parameters and grads unchanged."""
+    saved = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                saved.append((p, p.detach().clone(), p.grad))
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    step = getattr(optimizer, "_local_step", optimizer.step)  # a DistributedOptimizer must not allreduce here
+    step()
+    with torch.no_grad():
+        for p, data, grad in saved:
+            p.copy_(data)
+            p.grad = grad
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model=None,
+                              process_set: ProcessSet = global_process_set) -> None:
+    """Make every rank's optimizer state (tensors, step counts, learning rates and other options) equal to
+    ``root_rank``'s. A fresh optimizer first gets its state created, so that its tensors exist to receive.
+
+    Raises:
+        ValueError: ``torch.optim.LBFGS``, whose state cannot be broadcast.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _create_state(optimizer)
+    handles, others = [], {"groups": [], "state": {}}
+    for g, group in enumerate(optimizer.param_groups):
+        others["groups"].append({k: v for k, v in group.items() if k != "params"})
+        for i, p in enumerate(group["params"]):
+            for key, value in sorted(optimizer.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor):
+                    handles.append(_ops.broadcast_async_(value, root_rank, name=f"optimizer_state.{g}.{i}.{key}",
+                                                         process_set=process_set))
+                else:
+                    others["state"][(g, i, key)] = value
+    others = _c.broadcast_object(others, root_rank, name="optimizer_state.options", process_set=process_set)
+    for group, options in zip(optimizer.param_groups, others["groups"]):
+        group.update(options)
+    params = [group["params"] for group in optimizer.param_groups]
+    for (g, i, key), value in others["state"].items():
+        optimizer.state[params[g][i]][key] = value
+    for handle in handles:
+        _ops.synchronize(handle)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Return ``root_rank``'s ``obj`` (any cloudpicklable object) on every rank of the set."""
+    return _c.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Return every rank's ``obj`` (any cloudpicklable object), ordered by rank."""
+    return _c.allgather_object(obj, name=name, process_set=process_set)
