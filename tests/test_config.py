@@ -1,6 +1,5 @@
 """Tier unit: tunable flags generated from the configuration table, flag → env mapping, --config-file parsing."""
 
-import argparse
 
 import pytest
 

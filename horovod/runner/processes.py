@@ -42,6 +42,7 @@ class WorkerExit:
 
     @property
     def signal_name(self) -> Optional[str]:
+        """``SIGKILL`` when a signal ended the worker, else None."""
         if self.returncode >= 0:
             return None
         try:
@@ -65,10 +66,12 @@ class JobResult:
 
     @property
     def ok(self) -> bool:
+        """Every worker exited 0, and nothing stopped the job."""
         return self.first_failure is None and self.interrupted_by is None and not self.timed_out
 
     @property
     def exit_code(self) -> int:
+        """The launcher's exit status: 0, 1 on a failure or timeout, 128+N when interrupted by signal N."""
         if self.interrupted_by is not None:
             return 128 + self.interrupted_by
         return 0 if self.ok else 1
@@ -118,6 +121,7 @@ class OutputSink:
                 handle.flush()
 
     def close(self) -> None:
+        """Close the per-rank output files."""
         with self._lock:
             for handle in self._files.values():
                 handle.close()
@@ -160,6 +164,7 @@ class WorkerGroup:
 
     @property
     def pids(self) -> List[int]:
+        """The started workers' pids (each also its process group id)."""
         return [p.pid for p in self.procs.values()]
 
     def start(self) -> None:

@@ -34,6 +34,7 @@ class TaskOutcome:
 
     @property
     def failed(self) -> bool:
+        """The function raised."""
         return self.traceback is not None
 
 

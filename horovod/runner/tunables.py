@@ -9,7 +9,7 @@ command line win over the file. Both mappings are pure functions.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, Iterable, List, Mapping, MutableMapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional
 
 from horovod.common.config import SETTINGS, Setting
 from horovod.common.exceptions import HorovodConfigError
