@@ -1,15 +1,21 @@
 """The background engine: one thread per process that negotiates, fuses and executes collectives.
 
-Callers only enqueue (:meth:`Engine.submit` returns a :class:`Handle`). Every cycle the thread, for each process set
+Callers only enqueue (:meth:`Engine.submit` returns a :class:`Handle`). In a cycle the thread, for each process set
 this rank belongs to (in id order, identically on every rank, so one connection per rank pair carries everything in
 a fixed order): sends its new requests to the set's coordinator (cached ones as bits), receives the batches to
 execute, executes them, and records them in the response cache. A lost peer ends the loop: every pending and future
 handle fails with :class:`HorovodInternalError`.
+
+Cycles happen on demand: rank 0 starts one (a GO frame to every rank) when it has work or when another rank asked
+(a WANT frame, sent when that rank has work), at most once per ``HOROVOD_CYCLE_TIME``. An idle job exchanges nothing
+and burns no CPU, and a lone tensor starts moving at once instead of waiting for the next tick.
 """
 
 from __future__ import annotations
 
 import logging
+import select
+import socket
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -25,6 +31,8 @@ from horovod.core.response_cache import ResponseCache, split_hits
 
 log = logging.getLogger("horovod")
 
+_GO = ("go",)
+_WANT = ("want",)
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
                      "attempt to run a collective after hvd.shutdown().")
 
@@ -71,7 +79,9 @@ class Engine:
         self.transport = transport
         self.timeline = timeline
         self._sets: Dict[int, _SetState] = {}
-        self._wake = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._notified = False
         self._shutdown = False
         self._error: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
@@ -96,7 +106,7 @@ class Engine:
     def shutdown(self, timeout: float = 30.0) -> None:
         """Ask every rank to stop at the next cycle and wait for this rank's loop to end."""
         self._shutdown = True
-        self._wake.set()
+        self._notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -135,7 +145,7 @@ class Engine:
                                  f"pending in process set {process_set_id}; names must be unique until completed")
             state.entries[request.name] = Entry(request, array, output, handle, process_set_id)
             state.queue.append(request)
-        self._wake.set()
+        self._notify()
         if self.timeline is not None:
             self.timeline.enqueued(request)
         return handle
@@ -149,19 +159,31 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        last_start = 0.0
+    def _notify(self) -> None:
+        if not self._notified:
+            self._notified = True
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass
+
+    def _drain_wake(self) -> None:
         try:
-            while True:
-                wait = last_start + self.cycle_time - time.monotonic()
-                if wait > 0:
-                    self._wake.wait(wait)
-                self._wake.clear()
-                last_start = time.monotonic()
-                if self.timeline is not None:
-                    self.timeline.cycle_start()
-                if self._cycle():
-                    break
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        self._notified = False
+
+    def _has_work(self) -> bool:
+        return self._shutdown or any(s.queue or s.entries for s in self._sets.values() if s.index >= 0)
+
+    def _run(self) -> None:
+        try:
+            if self.rank == 0:
+                self._drive()
+            else:
+                self._follow()
         except HorovodInternalError as exc:
             self._error = str(exc)
         except Exception as exc:  # a bug must fail the job loudly, never hang it
@@ -171,6 +193,66 @@ class Engine:
             if self.transport is not None:
                 self.transport.close()
             self._fail_all(self._error or SHUT_DOWN_MESSAGE)
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _drive(self) -> None:
+        """Rank 0: start a cycle whenever any rank has work, no more often than the cycle time."""
+        peers = list(range(1, self.size))
+        fds = {self.transport.fileno(p): p for p in peers} if peers else {}
+        wanted = False
+        last_start = float("-inf")
+        while True:
+            while not (wanted or self._has_work()):
+                readable, _, _ = select.select([self._wake_r] + list(fds), [], [])
+                for fd in readable:
+                    if fd is self._wake_r:
+                        self._drain_wake()
+                    else:
+                        self._expect_want(fds[fd])
+                        wanted = True
+            pause = last_start + self.cycle_time - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            self._drain_wake()
+            last_start = time.monotonic()
+            for peer in peers:
+                self.transport.send_obj(peer, _GO)
+            wanted = False
+            if self._cycle():
+                return
+
+    def _follow(self) -> None:
+        """Other ranks: ask rank 0 for a cycle when there is work, run one when told to."""
+        coordinator_fd = self.transport.fileno(0)
+        asked = False
+        while True:
+            if not asked and self._has_work():
+                self.transport.send_obj(0, _WANT)
+                asked = True
+            readable, _, _ = select.select([self._wake_r, coordinator_fd], [], [])
+            if self._wake_r in readable:
+                self._drain_wake()
+            if coordinator_fd in readable:
+                frame = self.transport.recv_obj(0)
+                if frame != _GO:
+                    raise HorovodInternalError(f"rank {self.rank} expected a cycle start from rank 0, got "
+                                               f"{frame!r:.100}")
+                asked = False
+                if self._cycle():
+                    return
+
+    def _recv_message(self, peer: int):
+        """The next negotiation message from ``peer``, skipping cycle requests that this cycle already answers."""
+        while True:
+            frame = self.transport.recv_obj(peer)
+            if frame != _WANT:
+                return frame
+
+    def _expect_want(self, peer: int) -> None:
+        frame = self.transport.recv_obj(peer)
+        if frame != _WANT:
+            raise HorovodInternalError(f"rank 0 expected a cycle request from rank {peer}, got {frame!r:.100}")
 
     def _fail_all(self, message: str) -> None:
         for state in self._sets.values():
@@ -181,6 +263,8 @@ class Engine:
 
     def _cycle(self) -> bool:
         """One negotiation and execution round over every set; True when the job shuts down."""
+        if self.timeline is not None:
+            self.timeline.cycle_start()
         for set_id in sorted(self._sets):
             state = self._sets.get(set_id)
             if state is None or state.index < 0:
@@ -197,7 +281,7 @@ class Engine:
         if state.coordinator is not None:
             messages = [Message(shutdown, tuple(hits), tuple(full))]
             for peer in state.ranks[1:]:
-                messages.append(_decode_message(transport.recv_obj(peer)))
+                messages.append(_decode_message(self._recv_message(peer)))
             now = time.monotonic()
             batches, stop, reports = state.coordinator.step(messages, now)
             for report in reports:

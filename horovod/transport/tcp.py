@@ -177,6 +177,10 @@ class TcpTransport:
         except KeyError:
             raise HorovodInternalError(f"rank {self.rank} has no connection to rank {peer}") from None
 
+    def fileno(self, peer: int) -> int:
+        """The connection's file descriptor, for waiting on several peers at once."""
+        return self._sock(peer).fileno()
+
     def send(self, peer: int, data) -> None:
         sock = self._sock(peer)
         try:
