@@ -3,9 +3,8 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-# CPU wheels of torch; set TORCH_INDEX= to install torch from the default index only.
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-PIP_TORCH_ARGS := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+# torch is pinned: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel this project tests with.
+TORCH := torch==2.13.0
 DEMO := $(if $(wildcard examples/pytorch_digits.py),examples/pytorch_digits.py,examples/numpy_allreduce.py)
 
 .PHONY: venv test demo clean
@@ -14,9 +13,8 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(PIP_TORCH_ARGS) torch==2.13.0
-	$(BIN)/python -m pip install --quiet $(PIP_TORCH_ARGS) -e ".[test,examples]"
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[test,examples]" $(TORCH)
 	touch $@
 
 test: venv

@@ -63,9 +63,11 @@ def test_stall_timings_only_while_stall_check_is_on():
         "HOROVOD_STALL_CHECK_DISABLE": "1"}
 
 
-def test_launcher_only_settings_stay_in_the_launcher():
+def test_start_timeout_reaches_workers_but_elastic_timeout_stays_in_the_launcher():
     args = parse("--start-timeout", "12")
     assert args.start_timeout == 12.0
+    assert launcher_env(vars(args)) == {"HOROVOD_START_TIMEOUT": "12.0"}
+    args = parse("--elastic-timeout", "100")
     assert launcher_env(vars(args)) == {}
 
 

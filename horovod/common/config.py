@@ -133,8 +133,8 @@ SETTINGS: Tuple[Setting, ...] = (
     S("HOROVOD_DYNAMIC_PROCESS_SETS", bool, False, "allow add_process_set/remove_process_set"),
     S("HOROVOD_SECRET_KEY", str, None, "per-job secret (hex), handed to workers by the launcher"),
     # Launcher.
-    S("HOROVOD_START_TIMEOUT", float, 30.0, "seconds for all workers to start and meet",
-      flag="--start-timeout", minimum=0, launcher_only=True),
+    S("HOROVOD_START_TIMEOUT", float, 30.0, "seconds for all workers to start and meet (workers bound their "
+      "rendezvous and connection set-up by it)", flag="--start-timeout", minimum=0),
     S("HOROVOD_ELASTIC_TIMEOUT", float, 600.0, "seconds an elastic job waits for enough slots",
       flag="--elastic-timeout", minimum=0, launcher_only=True),
 )
