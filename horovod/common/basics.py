@@ -70,7 +70,9 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
             _config.environ_set("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
             process_sets = None
         config = _config.load_config()
-        rank, size = config.rank, config.size
+        from horovod.common.topology import resolve
+        topo = resolve(config)
+        rank, size = topo.rank, topo.size
         if comm is not None and sorted(comm if isinstance(comm, (list, tuple, range)) else [-1]) != list(range(size)):
             raise ValueError("init(comm=...) with a subset of ranks or an MPI communicator needs MPI support, "
                              "which this build does not have; use process sets instead")
@@ -90,7 +92,7 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
         transport = None
         if size > 1:
             from horovod.core.bootstrap import connect
-            transport = connect(config, rank, size, f"{config.rendezvous_scope}.mesh.{_generation}")
+            transport = connect(config, topo, f"{topo.scope}.mesh.{_generation}")
         timeline = _timeline.from_config(config, rank)
         engine = Engine(config, rank, size, transport, timeline)
         engine.add_static_set(0, range(size))
@@ -100,8 +102,8 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
             engine.add_static_set(index, ps.ranks)
             ps.process_set_id = index
         engine.start()
-        _context = _Context(config, rank, size, config.local_rank, config.local_size, config.cross_rank,
-                            config.cross_size, engine, bool(config.dynamic_process_sets), timeline)
+        _context = _Context(config, rank, size, topo.local_rank, topo.local_size, topo.cross_rank,
+                            topo.cross_size, engine, bool(config.dynamic_process_sets), timeline)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

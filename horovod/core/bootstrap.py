@@ -11,7 +11,7 @@ import time
 from typing import Dict, Tuple
 
 from horovod.common.exceptions import HorovodInternalError, RendezvousError
-from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
+from horovod.common.rendezvous_client import RendezvousClient
 from horovod.transport.tcp import TcpTransport
 
 
@@ -40,25 +40,25 @@ def _interface_address(iface: str) -> str:
         probe.close()
 
 
-def rendezvous_client(config) -> RendezvousClient:
-    if not config.gloo_rendezvous_addr or config.gloo_rendezvous_port <= 0:
+def rendezvous_client(config, topo) -> RendezvousClient:
+    if not topo.rendezvous_addr or topo.rendezvous_port <= 0:
         raise HorovodInternalError(
-            f"rank {config.rank} of {config.size}: no rendezvous server (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT unset). "
+            f"rank {topo.rank} of {topo.size}: no rendezvous server (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT unset). "
             f"Start multi-process jobs with horovodrun or horovod.run.")
-    if not config.secret_key:
+    if not topo.secret:
         raise HorovodInternalError("HOROVOD_SECRET_KEY is not set; the launcher hands it to every worker")
-    return RendezvousClient(config.gloo_rendezvous_addr, config.gloo_rendezvous_port,
-                            secret_from_hex(config.secret_key), timeout=config.start_timeout)
+    return RendezvousClient(topo.rendezvous_addr, topo.rendezvous_port, topo.secret, timeout=config.start_timeout)
 
 
-def connect(config, rank: int, size: int, scope: str) -> TcpTransport:
-    """Create the full mesh of authenticated connections for ``size`` ranks, bounded by the start timeout."""
-    client = rendezvous_client(config)
+def connect(config, topo, scope: str) -> TcpTransport:
+    """Create the full mesh of authenticated connections for the job's ranks, bounded by the start timeout."""
+    rank, size = topo.rank, topo.size
+    client = rendezvous_client(config, topo)
     transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds)
     if config.gloo_iface:
         host = _interface_address(config.gloo_iface)
     else:
-        host = _routable_address(config.gloo_rendezvous_addr, config.gloo_rendezvous_port)
+        host = _routable_address(topo.rendezvous_addr, topo.rendezvous_port)
     port = transport.listen("0.0.0.0")
     deadline = time.monotonic() + config.start_timeout
     try:

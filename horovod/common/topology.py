@@ -1,0 +1,38 @@
+"""Who this worker is: its rank and place in the job, and where its job's rendezvous is.
+
+:func:`resolve` is the one place that turns a worker's environment into a :class:`Topology`. Every way of starting
+workers ends here: ``horovodrun``/``horovod.run``/``spawn_ranks`` set ``HOROVOD_RANK``... and the rendezvous address;
+a worker started by hand with none of them is a single process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from horovod.common.rendezvous_client import secret_from_hex
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostname: str
+    rendezvous_addr: Optional[str] = None
+    rendezvous_port: int = -1
+    secret: Optional[bytes] = None
+    scope: str = "job"
+
+
+def resolve(config) -> Topology:
+    """The topology given by the launcher's ``HOROVOD_*`` variables (see :mod:`horovod.common.config`)."""
+    if not 0 <= config.rank < config.size:
+        raise ValueError(f"HOROVOD_RANK={config.rank} is outside 0..{config.size - 1} (HOROVOD_SIZE={config.size})")
+    return Topology(config.rank, config.size, config.local_rank, config.local_size, config.cross_rank,
+                    config.cross_size, config.hostname, config.gloo_rendezvous_addr,
+                    config.gloo_rendezvous_port, secret_from_hex(config.secret_key) if config.secret_key else None,
+                    config.rendezvous_scope)
