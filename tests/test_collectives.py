@@ -10,6 +10,7 @@ from horovod.testing.fixtures import run_horovodrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL_FUSION = {"HOROVOD_FUSION_THRESHOLD": "65536"}
+TRANSPORTS = {"tcp": {"HOROVOD_SHM_DISABLE": "1"}, "shm": {"HOROVOD_SHM_MIN_BYTES": "0"}}
 
 
 def _all_checks():
@@ -29,9 +30,10 @@ def _all_checks():
 
 
 @pytest.mark.ranks
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_every_op_dtype_shape_matches_numpy(world_size):
-    results = spawn_ranks(_all_checks, world_size, timeout=120, env=SMALL_FUSION)
+def test_every_op_dtype_shape_matches_numpy(world_size, transport):
+    results = spawn_ranks(_all_checks, world_size, timeout=120, env={**SMALL_FUSION, **TRANSPORTS[transport]})
     for rank, (count, failures) in enumerate(results):
         assert count > 300, f"rank {rank} ran only {count} checks"
         assert failures == [], f"rank {rank}: {failures[:10]}"

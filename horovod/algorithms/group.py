@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Any, Optional, Tuple
 
 from horovod.transport.base import Transport
 
@@ -13,6 +13,7 @@ class Group:
     ranks: Tuple[int, ...]     # global ranks, in set order
     index: int                 # this rank's position in ``ranks``
     transport: Transport
+    shm: Optional[Any] = None  # horovod.transport.shm.ShmSegments when every rank of the group shares this host
 
     @property
     def size(self) -> int:

@@ -83,6 +83,8 @@ SETTINGS: Tuple[Setting, ...] = (
       flag="--hierarchical-allgather"),
     S("HOROVOD_TORUS_ALLREDUCE", bool, False, "2D torus allreduce", flag="--torus-allreduce"),
     S("HOROVOD_SHM_DISABLE", bool, False, "never use the shared-memory transport between ranks of one host"),
+    S("HOROVOD_SHM_MIN_BYTES", int, 64 * 1024, "smallest collective that goes through shared memory; smaller ones "
+      "use TCP, whose two small messages beat the shared-memory path's barriers", minimum=0),
     # Autotune.
     S("HOROVOD_AUTOTUNE", bool, False, "tune fusion threshold and cycle time at run time", flag="--autotune"),
     S("HOROVOD_AUTOTUNE_LOG", str, None, "CSV file of autotune samples", flag="--autotune-log-file"),

@@ -62,14 +62,27 @@ def connect(config, topo, scope: str) -> TcpTransport:
     port = transport.listen("0.0.0.0")
     deadline = time.monotonic() + config.start_timeout
     try:
-        client.put(scope, str(rank), f"{host}:{port}".encode())
+        client.put(scope, str(rank), f"{host}:{port} {topo.hostname}".encode())
         addresses: Dict[int, Tuple[str, int]] = {}
         for peer in range(rank):
-            text = client.get(scope, str(peer), timeout=max(0.1, deadline - time.monotonic())).decode()
-            peer_host, _, peer_port = text.rpartition(":")
-            addresses[peer] = (peer_host, int(peer_port))
+            address, _ = _published(client, scope, peer, deadline)
+            addresses[peer] = address
     except RendezvousError as exc:
         transport.close()
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
     transport.connect(addresses, deadline)
+    try:
+        # Every peer published before the mesh could form, so these reads do not wait.
+        transport.hostnames = [_published(client, scope, peer, deadline)[1] for peer in range(size)]
+    except RendezvousError as exc:
+        transport.close()
+        raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
+    transport.job_token = scope
     return transport
+
+
+def _published(client: RendezvousClient, scope: str, peer: int, deadline: float) -> Tuple[Tuple[str, int], str]:
+    text = client.get(scope, str(peer), timeout=max(0.1, deadline - time.monotonic())).decode()
+    address, _, hostname = text.partition(" ")
+    peer_host, _, peer_port = address.rpartition(":")
+    return (peer_host, int(peer_port)), hostname

@@ -28,6 +28,7 @@ from horovod.core.controller import FATAL_ERROR, Coordinator, Message
 from horovod.core.handles import Handle
 from horovod.core.ops import Buffers, Entry, execute
 from horovod.core.response_cache import ResponseCache, split_hits
+from horovod.transport import shm
 
 log = logging.getLogger("horovod")
 
@@ -44,7 +45,9 @@ class _SetState:
         self.id = set_id
         self.ranks = tuple(ranks)
         self.index = self.ranks.index(rank) if rank in self.ranks else -1
-        self.group = Group(self.ranks, self.index, transport) if self.index >= 0 else None
+        self.group = Group(self.ranks, self.index, transport, _shared_memory(set_id, self.ranks, self.index,
+                                                                             transport, config)) \
+            if self.index >= 0 else None
         self.cache = ResponseCache(config.cache_capacity)
         self.coordinator = Coordinator(
             self.ranks, self.cache, config.fusion_threshold, config.disable_group_fusion,
@@ -59,6 +62,17 @@ class _SetState:
         with self.lock:
             requests, self.queue = self.queue, []
         return requests
+
+
+def _shared_memory(set_id: int, ranks: Sequence[int], index: int, transport, config):
+    """Shared-memory segments for a set whose ranks all live on this host (unless HOROVOD_SHM_DISABLE)."""
+    if index < 0 or len(ranks) < 2 or transport is None or config.shm_disable or not shm.available():
+        return None
+    hosts = {transport.hostnames[r] for r in ranks} if transport.hostnames else {None, ""}
+    if len(hosts) != 1:
+        return None
+    prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-s{set_id}"
+    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes)
 
 
 def _decode_message(data) -> Message:
@@ -193,6 +207,9 @@ class Engine:
             if self.transport is not None:
                 self.transport.close()
             self._fail_all(self._error or SHUT_DOWN_MESSAGE)
+            for state in self._sets.values():
+                if state.group is not None and state.group.shm is not None:
+                    state.group.shm.close()
             self._wake_r.close()
             self._wake_w.close()
 

@@ -11,10 +11,18 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from horovod.algorithms import adasum, reduction, ring
+from horovod.algorithms import adasum, reduction, ring, shm_collectives
 from horovod.algorithms.group import Group, segment_bounds
 from horovod.common.types import OpType, ReduceOp, Request, Response, numpy_dtype
 from horovod.core.handles import Handle
+
+
+# Alltoall and reducescatter publish whole buffers at once; past this size they use TCP instead of growing segments.
+SHM_MAX_SINGLE_ROUND = 256 << 20
+
+
+def _use_shm(group: Group, nbytes: int) -> bool:
+    return group.shm is not None and nbytes >= group.shm.min_bytes
 
 
 @dataclasses.dataclass
@@ -129,10 +137,15 @@ def _allreduce(response: Response, entries: Dict[str, Entry], group: Group, buff
         reduction.scale(buf, response.prescale * post) if response.prescale * post != 1.0 else None
     else:
         reduction.scale(buf, response.prescale)
-        if activity:
-            activity("RING_ALLREDUCE")
-        scratch = buffers.get("scratch", work_dtype, -(-total // size) + 1)
-        ring.ring_allreduce(group, buf, reduction.ufunc_for(response.reduce_op), scratch)
+        if _use_shm(group, buf.nbytes):
+            if activity:
+                activity("SHM_ALLREDUCE")
+            shm_collectives.allreduce(group, buf, reduction.ufunc_for(response.reduce_op))
+        else:
+            if activity:
+                activity("RING_ALLREDUCE")
+            scratch = buffers.get("scratch", work_dtype, -(-total // size) + 1)
+            ring.ring_allreduce(group, buf, reduction.ufunc_for(response.reduce_op), scratch)
         post = response.postscale / size if response.reduce_op == ReduceOp.AVERAGE else response.postscale
         reduction.scale(buf, post)
 
@@ -178,7 +191,11 @@ def _allgather(response: Response, entry: Entry, group: Group) -> np.ndarray:
     start = sum(dims[:group.index]) * row_bytes
     mine = _bytes(np.ascontiguousarray(entry.array))
     raw[start:start + mine.size] = mine
-    ring.ring_allgatherv(group, raw, [d * row_bytes for d in dims])
+    counts = [d * row_bytes for d in dims]
+    if _use_shm(group, raw.size):
+        shm_collectives.allgatherv(group, raw, counts)
+    else:
+        ring.ring_allgatherv(group, raw, counts)
     return out
 
 
@@ -188,7 +205,10 @@ def _broadcast(response: Response, entry: Entry, group: Group) -> np.ndarray:
     out = entry.output if entry.output is not None else np.empty(response.shapes[0], dtype=carrier)
     if group.index == root_index and entry.array is not None and not np.shares_memory(entry.array, out):
         np.copyto(out, entry.array)
-    ring.chain_broadcast(group, _bytes(out), root_index)
+    if _use_shm(group, out.nbytes):
+        shm_collectives.broadcast(group, _bytes(out), root_index)
+    else:
+        ring.chain_broadcast(group, _bytes(out), root_index)
     return out
 
 
@@ -204,7 +224,13 @@ def _alltoall(response: Response, entry: Entry, group: Group):
     for j in range(group.size):
         send_bounds.append(send_bounds[-1] + matrix[me][j] * row_bytes)
         recv_bounds.append(recv_bounds[-1] + received[j] * row_bytes)
-    ring.pairwise_alltoall(group, _bytes(np.ascontiguousarray(entry.array)), send_bounds, _bytes(out), recv_bounds)
+    send = _bytes(np.ascontiguousarray(entry.array))
+    largest = max(sum(row) for row in matrix) * row_bytes
+    if _use_shm(group, largest) and largest <= SHM_MAX_SINGLE_ROUND:
+        sources = [sum(matrix[j][:me]) * row_bytes for j in range(group.size)]
+        shm_collectives.alltoall(group, send, _bytes(out), recv_bounds, sources, largest)
+    else:
+        ring.pairwise_alltoall(group, send, send_bounds, _bytes(out), recv_bounds)
     return out, np.asarray(received, dtype=np.int32)
 
 
@@ -233,8 +259,11 @@ def _reducescatter(response: Response, entry: Entry, group: Group, buffers: Buff
         np.copyto(buf, _flat(entry.array))
     reduction.scale(buf, response.prescale)
     scratch = buffers.get("scratch", work_dtype, max(rows) * row + 1)
-    ring.ring_reduce_scatter(group, buf, bounds, reduction.ufunc_for(response.reduce_op), scratch) \
-        if group.size > 1 else None
+    ufunc = reduction.ufunc_for(response.reduce_op)
+    if group.size > 1 and _use_shm(group, buf.nbytes) and buf.nbytes <= SHM_MAX_SINGLE_ROUND:
+        shm_collectives.reduce_scatter(group, buf, bounds, ufunc)
+    elif group.size > 1:
+        ring.ring_reduce_scatter(group, buf, bounds, ufunc, scratch)
     mine = buf[bounds[group.index]:bounds[group.index + 1]]
     post = response.postscale / group.size if response.reduce_op == ReduceOp.AVERAGE else response.postscale
     reduction.scale(mine, post)

@@ -13,7 +13,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
@@ -83,6 +83,8 @@ class TcpTransport:
         self._senders: Dict[int, _Sender] = {}
         self._broken: Optional[str] = None
         self._listener: Optional[socket.socket] = None
+        self.hostnames: List[str] = []     # host identity of every rank (which ranks can share memory)
+        self.job_token = ""
 
     # -- setup ---------------------------------------------------------------------------------------------------
 

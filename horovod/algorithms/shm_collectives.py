@@ -1,0 +1,131 @@
+"""Collectives among the ranks of one host, through shared-memory segments.
+
+Allreduce, chunk by chunk: every rank copies its chunk into its own segment; after a barrier each rank reduces its
+own slice of the chunk in place, reading that slice straight from its peers' segments; after a second barrier every
+rank copies all reduced slices out. Each slice is reduced by exactly one rank, so every rank gets the same bits.
+Chunks alternate between the two halves of each segment, so two barriers per chunk suffice: the barrier that
+publishes chunk k+1 also proves that everybody finished reading chunk k-1, whose half chunk k+1 reuses.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from horovod.algorithms.group import Group, segment_bounds
+
+CHUNK_BYTES = 16 << 20
+
+
+def _half(group: Group, position: int, half: int, dtype, count: int) -> np.ndarray:
+    seg = group.shm.view(position)
+    half_bytes = len(seg) // 2
+    start = half * half_bytes
+    return seg[start:start + count * np.dtype(dtype).itemsize].view(dtype)
+
+
+def allreduce(group: Group, buf: np.ndarray, ufunc) -> None:
+    """Reduce the flat contiguous ``buf`` in place across the group's ranks."""
+    shm, n, me = group.shm, group.size, group.index
+    itemsize = buf.itemsize
+    chunk = max(1, min(buf.size, CHUNK_BYTES // itemsize))
+    shm.ensure(2 * chunk * itemsize)
+    for k, start in enumerate(range(0, buf.size, chunk)):
+        stop = min(buf.size, start + chunk)
+        count = stop - start
+        half = k % 2
+        mine = _half(group, me, half, buf.dtype, count)
+        mine[:] = buf[start:stop]
+        shm.barrier()
+        bounds = segment_bounds(count, n)
+        lo, hi = bounds[me], bounds[me + 1]
+        if hi > lo:
+            for peer in range(n):
+                if peer != me:
+                    ufunc(mine[lo:hi], _half(group, peer, half, buf.dtype, count)[lo:hi], out=mine[lo:hi])
+        shm.barrier()
+        for peer in range(n):
+            a, b = bounds[peer], bounds[peer + 1]
+            if b > a:
+                buf[start + a:start + b] = _half(group, peer, half, buf.dtype, count)[a:b]
+    # The next collective writes into half 0 again; make sure everybody finished reading this one's last chunk.
+    shm.barrier()
+
+
+def allgatherv(group: Group, out: np.ndarray, byte_counts: Sequence[int]) -> None:
+    """``out`` (flat uint8) is laid out by rank; this rank's block is in place. Chunked by the largest block."""
+    shm, n, me = group.shm, group.size, group.index
+    offsets = [0]
+    for count in byte_counts:
+        offsets.append(offsets[-1] + count)
+    largest = max(byte_counts) if byte_counts else 0
+    if largest == 0:
+        return
+    chunk = min(largest, CHUNK_BYTES)
+    shm.ensure(2 * chunk)
+    for k, start in enumerate(range(0, largest, chunk)):
+        half = k % 2
+        mine_len = max(0, min(byte_counts[me] - start, chunk))
+        if mine_len:
+            _half(group, me, half, np.uint8, mine_len)[:] = out[offsets[me] + start:offsets[me] + start + mine_len]
+        shm.barrier()
+        for peer in range(n):
+            if peer == me:
+                continue
+            length = max(0, min(byte_counts[peer] - start, chunk))
+            if length:
+                out[offsets[peer] + start:offsets[peer] + start + length] = _half(group, peer, half, np.uint8, length)
+    shm.barrier()
+
+
+def broadcast(group: Group, buf: np.ndarray, root_index: int) -> None:
+    """Copy the root's flat uint8 ``buf`` to every rank, chunk by chunk through the root's segment."""
+    shm, me = group.shm, group.index
+    if buf.size == 0:
+        return
+    chunk = min(buf.size, CHUNK_BYTES)
+    shm.ensure(2 * chunk)
+    for k, start in enumerate(range(0, buf.size, chunk)):
+        half = k % 2
+        length = min(chunk, buf.size - start)
+        if me == root_index:
+            _half(group, me, half, np.uint8, length)[:] = buf[start:start + length]
+        shm.barrier()
+        if me != root_index:
+            buf[start:start + length] = _half(group, root_index, half, np.uint8, length)
+    shm.barrier()
+
+
+def alltoall(group: Group, send: np.ndarray, recv: np.ndarray, recv_bounds: Sequence[int],
+             source_offsets: Sequence[int], largest_send: int) -> None:
+    """Every rank publishes its whole send buffer (flat uint8) once; each copies its block out of every peer's.
+
+    ``source_offsets[j]`` is where, in rank j's send buffer, the block for this rank starts; ``largest_send`` the
+    largest send buffer in the group (every segment must hold it).
+    """
+    shm, n = group.shm, group.size
+    shm.ensure(max(largest_send, 1))
+    shm.view(group.index)[:send.size] = send
+    shm.barrier()
+    for peer in range(n):
+        length = recv_bounds[peer + 1] - recv_bounds[peer]
+        if length:
+            recv[recv_bounds[peer]:recv_bounds[peer + 1]] = \
+                shm.view(peer)[source_offsets[peer]:source_offsets[peer] + length]
+    shm.barrier()
+
+
+def reduce_scatter(group: Group, buf: np.ndarray, bounds: Sequence[int], ufunc) -> None:
+    """After this, this rank's slice ``buf[bounds[i]:bounds[i+1]]`` holds the reduction over the group."""
+    shm, n, me = group.shm, group.size, group.index
+    nbytes = buf.size * buf.itemsize
+    shm.ensure(max(nbytes, 1))
+    mine = shm.view(me)[:nbytes].view(buf.dtype)
+    mine[:] = buf
+    shm.barrier()
+    lo, hi = bounds[me], bounds[me + 1]
+    for peer in range(n):
+        if peer != me and hi > lo:
+            ufunc(buf[lo:hi], shm.view(peer)[:nbytes].view(buf.dtype)[lo:hi], out=buf[lo:hi])
+    shm.barrier()
