@@ -7,8 +7,10 @@ execute, executes them, and records them in the response cache. A lost peer ends
 handle fails with :class:`HorovodInternalError`.
 
 Cycles happen on demand: rank 0 starts one (a GO frame to every rank) when it has work or when another rank asked
-(a WANT frame, sent when that rank has work), at most once per ``HOROVOD_CYCLE_TIME``. An idle job exchanges nothing
-and burns no CPU, and a lone tensor starts moving at once instead of waiting for the next tick.
+(a WANT frame, sent when that rank has work). New requests start a cycle at once; while ranks merely wait for each
+other, cycles are spaced by ``HOROVOD_CYCLE_TIME``. An idle job exchanges nothing and burns no CPU, and a lone tensor
+starts moving at once instead of waiting for the next tick. Tensors submitted while a cycle runs are fused in the
+next one, so batching adapts to how long a cycle takes.
 """
 
 from __future__ import annotations
@@ -33,7 +35,11 @@ from horovod.transport import shm
 log = logging.getLogger("horovod")
 
 _GO = ("go",)
-_WANT = ("want",)
+_IDLE, _PENDING, _NEW = 0, 1, 2   # how urgently a rank needs a cycle
+
+
+def _is_want(frame) -> bool:
+    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] in (_PENDING, _NEW)
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
                      "attempt to run a collective after hvd.shutdown().")
 
@@ -189,8 +195,18 @@ class Engine:
             pass
         self._notified = False
 
-    def _has_work(self) -> bool:
-        return self._shutdown or any(s.queue or s.entries for s in self._sets.values() if s.index >= 0)
+    def _work(self) -> int:
+        """_NEW when requests wait to be negotiated (or shutdown), _PENDING when only answers are awaited."""
+        if self._shutdown:
+            return _NEW
+        pending = _IDLE
+        for state in self._sets.values():
+            if state.index >= 0:
+                if state.queue:
+                    return _NEW
+                if state.entries:
+                    pending = _PENDING
+        return pending
 
     def _run(self) -> None:
         try:
@@ -214,39 +230,48 @@ class Engine:
             self._wake_w.close()
 
     def _drive(self) -> None:
-        """Rank 0: start a cycle whenever any rank has work, no more often than the cycle time."""
+        """Rank 0: start a cycle as soon as any rank has new requests.
+
+        When ranks only wait for each other (tensors pending on some ranks), cycles are spaced by the cycle time
+        so that waiting does not become spinning.
+        """
         peers = list(range(1, self.size))
         fds = {self.transport.fileno(p): p for p in peers} if peers else {}
-        wanted = False
+        wanted = _IDLE
         last_start = float("-inf")
         while True:
-            while not (wanted or self._has_work()):
-                readable, _, _ = select.select([self._wake_r] + list(fds), [], [])
+            while True:
+                urgency = max(wanted, self._work())
+                timeout = None
+                if urgency == _NEW:
+                    break
+                if urgency == _PENDING:
+                    timeout = last_start + self.cycle_time - time.monotonic()
+                    if timeout <= 0:
+                        break
+                readable, _, _ = select.select([self._wake_r] + list(fds), [], [], timeout)
                 for fd in readable:
                     if fd is self._wake_r:
                         self._drain_wake()
                     else:
-                        self._expect_want(fds[fd])
-                        wanted = True
-            pause = last_start + self.cycle_time - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+                        wanted = max(wanted, self._expect_want(fds[fd]))
             self._drain_wake()
             last_start = time.monotonic()
             for peer in peers:
                 self.transport.send_obj(peer, _GO)
-            wanted = False
+            wanted = _IDLE
             if self._cycle():
                 return
 
     def _follow(self) -> None:
         """Other ranks: ask rank 0 for a cycle when there is work, run one when told to."""
         coordinator_fd = self.transport.fileno(0)
-        asked = False
+        asked = _IDLE
         while True:
-            if not asked and self._has_work():
-                self.transport.send_obj(0, _WANT)
-                asked = True
+            work = self._work()
+            if work > asked:
+                self.transport.send_obj(0, ("want", work))
+                asked = work
             readable, _, _ = select.select([self._wake_r, coordinator_fd], [], [])
             if self._wake_r in readable:
                 self._drain_wake()
@@ -255,7 +280,7 @@ class Engine:
                 if frame != _GO:
                     raise HorovodInternalError(f"rank {self.rank} expected a cycle start from rank 0, got "
                                                f"{frame!r:.100}")
-                asked = False
+                asked = _IDLE
                 if self._cycle():
                     return
 
@@ -263,13 +288,14 @@ class Engine:
         """The next negotiation message from ``peer``, skipping cycle requests that this cycle already answers."""
         while True:
             frame = self.transport.recv_obj(peer)
-            if frame != _WANT:
+            if not _is_want(frame):
                 return frame
 
-    def _expect_want(self, peer: int) -> None:
+    def _expect_want(self, peer: int) -> int:
         frame = self.transport.recv_obj(peer)
-        if frame != _WANT:
+        if not _is_want(frame):
             raise HorovodInternalError(f"rank 0 expected a cycle request from rank {peer}, got {frame!r:.100}")
+        return frame[1]
 
     def _fail_all(self, message: str) -> None:
         for state in self._sets.values():

@@ -19,6 +19,7 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
 
 _SOCKET_BUFFER = 4 * 1024 * 1024
+_INLINE_SEND_BYTES = 64 * 1024
 _PURPOSE_MESH = 1
 
 
@@ -149,7 +150,7 @@ class TcpTransport:
                 continue
             sock.settimeout(min(remaining, 10.0))
             try:
-                peer = wire.handshake(sock, self.secret, self.rank, _PURPOSE_MESH)
+                peer = wire.handshake(sock, self.secret, self.rank, _PURPOSE_MESH, dialer=False)
             except (HorovodInternalError, OSError, ConnectionError):
                 sock.close()  # a stranger or a garbled greeting: drop it and keep waiting for real peers
                 continue
@@ -191,8 +192,19 @@ class TcpTransport:
             raise self._fail(peer, exc) from None
 
     def isend(self, peer: int, view: memoryview) -> SendFuture:
-        """Queue ``view`` for sending to ``peer``; the buffer must stay untouched until ``wait`` returns."""
+        """Queue ``view`` for sending to ``peer``; the buffer must stay untouched until ``wait`` returns.
+
+        Small messages fit in the kernel's socket buffer, so they are sent inline: handing them to the sender
+        thread would cost more than the send.
+        """
         future = SendFuture()
+        if len(view) <= _INLINE_SEND_BYTES:
+            try:
+                self.send(peer, view)
+                future._finish()
+            except HorovodInternalError as exc:
+                future._finish(exc)
+            return future
         self._sock(peer)
         self._senders[peer].jobs.put((view, future))
         return future
