@@ -83,3 +83,13 @@ def test_dynamic_process_sets_numbered_in_registration_order():
         assert duplicate and removed and first_id is None
         assert after == {0: [0, 1, 2], 2: [1, 2]}
         assert rest_rank == (None if rank == 0 else rank - 1)
+
+
+@pytest.mark.cli
+def test_two_hosts_hierarchical_allreduce_under_horovodrun():
+    """localhost and 127.0.0.1 are two host identities: shared memory within each, TCP between their leaders."""
+    proc = run_horovodrun(["-np", "4", "-H", "localhost:2,127.0.0.1:2", "--hierarchical-allreduce",
+                           sys.executable, os.path.join(HERE, "collective_checks.py")],
+                          timeout=120, env={"HOROVOD_SHM_MIN_BYTES": "0"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(" 0 failures") == 4

@@ -14,6 +14,7 @@ class Group:
     index: int                 # this rank's position in ``ranks``
     transport: Transport
     shm: Optional[Any] = None  # horovod.transport.shm.ShmSegments when every rank of the group shares this host
+    hierarchy: Optional[Any] = None  # horovod.algorithms.hierarchical.Hierarchy for hierarchical allreduce
 
     @property
     def size(self) -> int:

@@ -23,6 +23,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from horovod.algorithms.group import Group
+from horovod.algorithms.hierarchical import Hierarchy
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OpType, Request, Response
 from horovod.core import fusion
@@ -51,8 +52,9 @@ class _SetState:
         self.id = set_id
         self.ranks = tuple(ranks)
         self.index = self.ranks.index(rank) if rank in self.ranks else -1
-        self.group = Group(self.ranks, self.index, transport, _shared_memory(set_id, self.ranks, self.index,
-                                                                             transport, config)) \
+        self.group = Group(self.ranks, self.index, transport,
+                           _shared_memory(f"s{set_id}", self.ranks, self.index, transport, config),
+                           _hierarchy(set_id, self.ranks, self.index, transport, config)) \
             if self.index >= 0 else None
         self.cache = ResponseCache(config.cache_capacity)
         self.coordinator = Coordinator(
@@ -70,14 +72,33 @@ class _SetState:
         return requests
 
 
-def _shared_memory(set_id: int, ranks: Sequence[int], index: int, transport, config):
+def _hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config):
+    """Local and cross groups for hierarchical allreduce, when asked for and the set spans several hosts."""
+    if not config.hierarchical_allreduce or index < 0 or transport is None or not transport.hostnames:
+        return None
+    hosts = [transport.hostnames[r] for r in ranks]
+    order = list(dict.fromkeys(hosts))
+    if len(order) < 2:
+        return None
+    mine = hosts[index]
+    local_ranks = tuple(r for r, h in zip(ranks, hosts) if h == mine)
+    local_index = local_ranks.index(ranks[index])
+    host_index = order.index(mine)
+    local = Group(local_ranks, local_index, transport,
+                  _shared_memory(f"s{set_id}h{host_index}", local_ranks, local_index, transport, config))
+    leaders = tuple(next(r for r, h in zip(ranks, hosts) if h == host) for host in order)
+    cross = Group(leaders, leaders.index(ranks[index]), transport) if ranks[index] in leaders else None
+    return Hierarchy(local, cross)
+
+
+def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config):
     """Shared-memory segments for a set whose ranks all live on this host (unless HOROVOD_SHM_DISABLE)."""
     if index < 0 or len(ranks) < 2 or transport is None or config.shm_disable or not shm.available():
         return None
     hosts = {transport.hostnames[r] for r in ranks} if transport.hostnames else {None, ""}
     if len(hosts) != 1:
         return None
-    prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-s{set_id}"
+    prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-{tag}"
     return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes)
 
 
@@ -224,8 +245,10 @@ class Engine:
                 self.transport.close()
             self._fail_all(self._error or SHUT_DOWN_MESSAGE)
             for state in self._sets.values():
-                if state.group is not None and state.group.shm is not None:
-                    state.group.shm.close()
+                if state.group is not None:
+                    for segments in (state.group.shm, state.group.hierarchy and state.group.hierarchy.local.shm):
+                        if segments is not None:
+                            segments.close()
             self._wake_r.close()
             self._wake_w.close()
 

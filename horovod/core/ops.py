@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from horovod.algorithms import adasum, reduction, ring, shm_collectives
+from horovod.algorithms import adasum, hierarchical, reduction, ring, shm_collectives
 from horovod.algorithms.group import Group, segment_bounds
 from horovod.common.types import OpType, ReduceOp, Request, Response, numpy_dtype
 from horovod.core.handles import Handle
@@ -137,7 +137,12 @@ def _allreduce(response: Response, entries: Dict[str, Entry], group: Group, buff
         reduction.scale(buf, response.prescale * post) if response.prescale * post != 1.0 else None
     else:
         reduction.scale(buf, response.prescale)
-        if _use_shm(group, buf.nbytes):
+        if group.hierarchy is not None:
+            if activity:
+                activity("HIERARCHICAL_ALLREDUCE")
+            scratch = buffers.get("scratch", work_dtype, -(-total // 2) + 1)
+            hierarchical.allreduce(group.hierarchy, buf, reduction.ufunc_for(response.reduce_op), scratch)
+        elif _use_shm(group, buf.nbytes):
             if activity:
                 activity("SHM_ALLREDUCE")
             shm_collectives.allreduce(group, buf, reduction.ufunc_for(response.reduce_op))
