@@ -1,0 +1,169 @@
+"""The measuring side of the benchmark suite: one worker per implementation, the same measurements in each.
+
+Every worker runs the same plan (ops × sizes, the many-small-tensors step) and rank 0 writes a JSON list of
+``{"op", "bytes", "seconds"}`` rows. Ranks agree on iteration counts (rank 0 calibrates, then broadcasts) and report
+the slowest rank's median, so every implementation is timed the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+STEP_TENSORS = 200
+STEP_BYTES = 4096
+
+
+def sizes(max_bytes: int, min_bytes: int = 4):
+    size = min_bytes
+    while size <= max_bytes:
+        yield size
+        size *= 4 if size < (1 << 20) else 2
+
+
+def _median_of(run, iters: int) -> float:
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _measure(run, seconds: float, agree, slowest) -> float:
+    run()
+    run()
+    start = time.perf_counter()
+    run()
+    one = max(time.perf_counter() - start, 1e-7)
+    iters = agree(int(min(1000, max(3, seconds / one))))
+    return slowest(_median_of(run, iters))
+
+
+def _plan(plan, ops_for, agree, slowest, rank, size):
+    rows = []
+    for op in plan["ops"]:
+        if op == "step":
+            run = ops_for("step", STEP_BYTES)
+            rows.append({"op": "step", "bytes": STEP_TENSORS * STEP_BYTES,
+                         "seconds": _measure(run, plan["seconds"], agree, slowest)})
+            continue
+        for nbytes in sizes(plan["max_bytes"]):
+            run = ops_for(op, nbytes)
+            rows.append({"op": op, "bytes": nbytes, "seconds": _measure(run, plan["seconds"], agree, slowest)})
+            if rank == 0:
+                print(f"  {plan['impl']} {op} {nbytes} B: {rows[-1]['seconds'] * 1e6:.0f} us", file=sys.stderr,
+                      flush=True)
+    return rows
+
+
+def horovod(plan) -> None:
+    import horovod.numpy as hvd
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+
+    def ops_for(op, nbytes):
+        count = max(1, nbytes // 4)
+        if op == "allreduce":
+            buf = np.ones(count, np.float32)
+            return lambda: hvd.allreduce_(buf, op=hvd.Average, name="ar")
+        if op == "allgather":
+            buf = np.ones(max(1, count // size), np.float32)
+            return lambda: hvd.allgather(buf, name="ag")
+        if op == "broadcast":
+            buf = np.ones(count, np.float32)
+            return lambda: hvd.broadcast_(buf, 0, name="bc")
+        bufs = [np.ones(count, np.float32) for _ in range(STEP_TENSORS)]
+
+        def step():
+            handles = [hvd.allreduce_async_(b, op=hvd.Average, name=f"g{i}") for i, b in enumerate(bufs)]
+            for h in handles:
+                h.result()
+        return step
+
+    rows = _plan(plan, ops_for, lambda n: int(hvd.broadcast(np.array([n]), 0, name="iters")[0]),
+                 lambda t: float(hvd.allreduce(np.array([t]), op=hvd.Max, name="slowest")[0]), rank, size)
+    if rank == 0:
+        json.dump(rows, open(plan["out"], "w"))
+    hvd.shutdown()
+
+
+def gloo(rank: int, size: int, port: int, plan) -> None:
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+
+    def ops_for(op, nbytes):
+        count = max(1, nbytes // 4)
+        if op == "allreduce":
+            buf = torch.ones(count)
+            return lambda: dist.all_reduce(buf)
+        if op == "allgather":
+            buf = torch.ones(max(1, count // size))
+            out = torch.empty(buf.numel() * size)
+            return lambda: dist.all_gather_into_tensor(out, buf)
+        if op == "broadcast":
+            buf = torch.ones(count)
+            return lambda: dist.broadcast(buf, 0)
+        bufs = [torch.ones(count) for _ in range(STEP_TENSORS)]
+
+        def step():
+            works = [dist.all_reduce(b, async_op=True) for b in bufs]
+            for w in works:
+                w.wait()
+        return step
+
+    def agree(n):
+        t = torch.tensor([n])
+        dist.broadcast(t, 0)
+        return int(t[0])
+
+    def slowest(t):
+        v = torch.tensor([t], dtype=torch.float64)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        return float(v[0])
+
+    rows = _plan(plan, ops_for, agree, slowest, rank, size)
+    if rank == 0:
+        json.dump(rows, open(plan["out"], "w"))
+    dist.destroy_process_group()
+
+
+def mpi(plan) -> None:
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def ops_for(op, nbytes):
+        count = max(1, nbytes // 4)
+        if op == "allreduce":
+            buf = np.ones(count, np.float32)
+            out = np.empty_like(buf)
+            return lambda: comm.Allreduce(buf, out, op=MPI.SUM)
+        if op == "allgather":
+            buf = np.ones(max(1, count // size), np.float32)
+            out = np.empty(buf.size * size, np.float32)
+            return lambda: comm.Allgather(buf, out)
+        if op == "broadcast":
+            buf = np.ones(count, np.float32)
+            return lambda: comm.Bcast(buf, root=0)
+        bufs = [np.ones(count, np.float32) for _ in range(STEP_TENSORS)]
+        outs = [np.empty_like(b) for b in bufs]
+
+        def step():
+            MPI.Request.Waitall([comm.Iallreduce(b, o, op=MPI.SUM) for b, o in zip(bufs, outs)])
+        return step
+
+    rows = _plan(plan, ops_for, lambda n: comm.bcast(n, root=0), lambda t: comm.allreduce(t, op=MPI.MAX),
+                 rank, size)
+    if rank == 0:
+        json.dump(rows, open(plan["out"], "w"))
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[2])
+    {"horovod": horovod, "mpi": mpi}[sys.argv[1]](spec)
