@@ -57,12 +57,15 @@ def numpy_dtype(dtype: str) -> np.dtype:
         raise ValueError(f"unsupported data type {dtype!r}; supported: {', '.join(DTYPE_NAMES)}") from None
 
 
+_NAMES_BY_DTYPE = {dtype: name for name, dtype in _NUMPY_DTYPES.items() if name != "bfloat16"}
+
+
 def dtype_name(array: np.ndarray) -> str:
     """The Horovod data type of a numpy array (never ``bfloat16``: bindings say so explicitly)."""
-    name = array.dtype.name
-    if name not in _NUMPY_DTYPES:
-        raise ValueError(f"unsupported data type {array.dtype}; supported: {', '.join(DTYPE_NAMES)}")
-    return name
+    try:
+        return _NAMES_BY_DTYPE[array.dtype]
+    except KeyError:
+        raise ValueError(f"unsupported data type {array.dtype}; supported: {', '.join(DTYPE_NAMES)}") from None
 
 
 class Request(NamedTuple):

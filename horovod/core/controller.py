@@ -17,6 +17,7 @@ from horovod.core import fusion
 from horovod.core.response_cache import ResponseCache
 
 FATAL_ERROR = 1   # ERROR response payload: raise HorovodInternalError, as Horovod shuts down on a stall
+_IDENTICAL_OPS = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.BARRIER})
 _JOIN_UNSUPPORTED = (OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER)
 
 
@@ -163,6 +164,10 @@ class Coordinator:
     def _respond(self, name: str, got: Dict[int, Request]) -> Response:
         first = got[min(got)]
         op = first.op
+        if op in _IDENTICAL_OPS and len(got) == self.size and all(r == first for r in got.values()):
+            # The steady state: every rank sent the very same request, nothing to compare field by field.
+            return Response(op, (name,), first.dtype, (first.shape,), first.reduce_op, first.prescale,
+                            first.postscale, first.root_rank, payload=first.payload)
         checks = [("operation", lambda r: OP_NAMES.get(r.op, r.op)), ("data type", lambda r: r.dtype)]
         if op in (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER):
             checks.append(("shape", lambda r: r.shape))

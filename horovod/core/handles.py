@@ -7,19 +7,25 @@ from typing import Any, Callable, List, Optional
 
 
 class Handle:
-    """Completion of one collective. ``result()`` blocks, then returns the output or raises the op's error."""
+    """Completion of one collective. ``result()`` blocks, then returns the output or raises the op's error.
 
-    __slots__ = ("name", "_event", "_value", "_error", "_callbacks", "__weakref__")
+    A bare lock (held until completion) is the cheapest primitive a waiter can block on; a training step creates
+    one handle per gradient, so the cost matters.
+    """
+
+    __slots__ = ("name", "_done", "_lock", "_value", "_error", "_callbacks", "__weakref__")
 
     def __init__(self, name: str):
         self.name = name
-        self._event = threading.Event()
+        self._done = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
         self._value: Any = None
         self._error: Optional[BaseException] = None
-        self._callbacks: List[Callable[["Handle"], None]] = []
+        self._callbacks: Optional[List[Callable[["Handle"], None]]] = None
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def set_result(self, value: Any) -> None:
         self._value = value
@@ -30,24 +36,34 @@ class Handle:
         self._finish()
 
     def _finish(self) -> None:
-        self._event.set()
-        for callback in self._callbacks:
+        if self._done:
+            return
+        self._done = True
+        self._lock.release()
+        for callback in self._callbacks or ():
             callback(self)
 
     def add_done_callback(self, callback: Callable[["Handle"], None]) -> None:
+        if self._callbacks is None:
+            self._callbacks = []
         self._callbacks.append(callback)
-        if self._event.is_set():
+        if self._done:
             callback(self)
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            self._lock.release()
+            return True
+        return self._done
 
     def exception(self) -> Optional[BaseException]:
-        self._event.wait()
+        self.wait()
         return self._error
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        if not self._event.wait(timeout):
+        if not self.wait(timeout):
             raise TimeoutError(f"collective {self.name!r} did not complete within {timeout} s")
         if self._error is not None:
             raise self._error
