@@ -139,6 +139,13 @@ SETTINGS: Tuple[Setting, ...] = (
       "rendezvous and connection set-up by it)", flag="--start-timeout", minimum=0),
     S("HOROVOD_ELASTIC_TIMEOUT", float, 600.0, "seconds an elastic job waits for enough slots",
       flag="--elastic-timeout", minimum=0, launcher_only=True),
+    # Many hosts (ssh launch, workers started by mpirun or srun): see docs/cluster.md.
+    S("HOROVOD_RENDEZVOUS_ADDR", str, None, "under mpirun/srun without horovodrun: address where rank 0 serves the "
+      "job's rendezvous (an address of rank 0's host)"),
+    S("HOROVOD_RENDEZVOUS_PORT", int, -1, "under mpirun/srun without horovodrun: port where rank 0 serves the "
+      "job's rendezvous"),
+    S("HOROVOD_SSH_ARGS", str, "", "extra ssh options for launching on remote hosts, e.g. '-o "
+      "UserKnownHostsFile=/path'", launcher_only=True),
 )
 del S
 

@@ -26,18 +26,24 @@ def _routable_address(rendezvous_addr: str, port: int) -> str:
         probe.close()
 
 
-def _interface_address(iface: str) -> str:
+def _interface_address(ifaces: str) -> str:
+    # A comma-separated list names candidates: the first one this host has is used, so hosts whose NICs are
+    # named differently can share one setting.
     import fcntl
     import struct
+    names = [name.strip() for name in ifaces.split(",") if name.strip()]
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", iface[:15].encode()))  # SIOCGIFADDR
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        raise HorovodInternalError(f"network interface {iface!r} (HOROVOD_GLOO_IFACE) has no IPv4 address "
-                                   f"on this host") from None
+        for name in names:
+            try:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+                return socket.inet_ntoa(packed[20:24])
+            except OSError:
+                continue
     finally:
         probe.close()
+    raise HorovodInternalError(f"none of the network interfaces {ifaces!r} (HOROVOD_GLOO_IFACE) has an IPv4 address "
+                               f"on host {socket.gethostname()}")
 
 
 def rendezvous_client(config, topo) -> RendezvousClient:
@@ -59,7 +65,7 @@ def connect(config, topo, scope: str) -> TcpTransport:
         host = _interface_address(config.gloo_iface)
     else:
         host = _routable_address(topo.rendezvous_addr, topo.rendezvous_port)
-    port = transport.listen("0.0.0.0")
+    port = transport.listen(host)  # only where peers are told to dial, not on every interface
     deadline = time.monotonic() + config.start_timeout
     try:
         client.put(scope, str(rank), f"{host}:{port} {topo.hostname}".encode())

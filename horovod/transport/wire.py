@@ -5,7 +5,8 @@ unpickled with an unpickler that refuses every class, so nothing from the networ
 is a 4-byte big-endian length then the payload, capped at :data:`MAX_CONTROL_BYTES`.
 
 Authentication is a mutual challenge-response: each side sends a random nonce and proves knowledge of the job secret
-with an HMAC over both nonces, its rank and the connection's purpose, before anything else is read.
+with an HMAC over both nonces, both ranks, its role (dialer or acceptor) and the connection's purpose, before anything
+else is read. The dialer proves itself first; the acceptor answers only a dialer that has.
 """
 
 from __future__ import annotations
@@ -71,12 +72,26 @@ def recv_frame(sock: socket.socket) -> bytes:
     return bytes(payload)
 
 
-def _proof(secret: bytes, my_nonce: bytes, their_nonce: bytes, rank: int, purpose: int) -> bytes:
-    return hmac.new(secret, my_nonce + their_nonce + struct.pack("!ii", rank, purpose), hashlib.sha256).digest()
+def _proof(secret: bytes, role: bytes, dialer_nonce: bytes, acceptor_nonce: bytes, dialer_rank: int,
+           acceptor_rank: int, purpose: int) -> bytes:
+    # The role and both ranks are bound into the proof, so a proof obtained from one connection (or from the other
+    # direction of the handshake) is worthless on any other: no reflection of a peer's own answer.
+    message = role + dialer_nonce + acceptor_nonce + struct.pack("!iii", dialer_rank, acceptor_rank, purpose)
+    return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int) -> int:
+def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int, dialer: bool = True) -> int:
     """Authenticate both ends of a fresh connection; returns the peer's rank.
+
+    The dialer proves itself first; the acceptor answers with its own proof only after checking the dialer's, so an
+    unauthenticated stranger never obtains a proof computed with the secret.
+
+    Args:
+        sock: the fresh connection.
+        secret: the job secret.
+        my_rank: this end's rank.
+        purpose: what the connection is for (both ends must agree).
+        dialer: True on the side that connected, False on the side that accepted.
 
     Raises:
         HorovodInternalError: the peer does not know the secret, speaks another protocol or another purpose.
@@ -88,9 +103,15 @@ def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int) ->
     magic, their_nonce, their_rank, their_purpose = _HELLO.unpack(hello)
     if magic != MAGIC or their_purpose != purpose:
         raise HorovodInternalError("peer speaks another protocol or belongs to another job")
-    sock.sendall(_proof(secret, nonce, their_nonce, my_rank, purpose))
+    if dialer:
+        sock.sendall(_proof(secret, b"D", nonce, their_nonce, my_rank, their_rank, purpose))
+        expected = _proof(secret, b"A", nonce, their_nonce, my_rank, their_rank, purpose)
+    else:
+        expected = _proof(secret, b"D", their_nonce, nonce, their_rank, my_rank, purpose)
     proof = bytearray(32)
     recv_exact(sock, memoryview(proof))
-    if not hmac.compare_digest(bytes(proof), _proof(secret, their_nonce, nonce, their_rank, purpose)):
+    if not hmac.compare_digest(bytes(proof), expected):
         raise HorovodInternalError("peer failed authentication (wrong job secret)")
+    if not dialer:
+        sock.sendall(_proof(secret, b"A", their_nonce, nonce, their_rank, my_rank, purpose))
     return their_rank

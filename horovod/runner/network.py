@@ -1,0 +1,96 @@
+"""Which of the launcher's addresses its remote hosts can reach.
+
+Without ``--network-interface``, the rendezvous is served on the address this machine's routing table uses toward
+each remote host (interface names play no part, so they may differ from host to host); each remote host then
+proves it can reach that address before any worker starts (:mod:`horovod.runner.ssh`). With
+``--network-interface``, the named interfaces' addresses are used instead. Workers pick their own data-plane address
+the same way, toward the rendezvous (``horovod.core.bootstrap``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+from typing import Dict, List, Mapping, Optional, Sequence
+
+_SIOCGIFADDR = 0x8915
+
+
+class NetworkError(ValueError):
+    """No usable address: a host does not resolve or route, or no named interface has an IPv4 address here."""
+
+
+def resolve_host(host: str) -> str:
+    """The IPv4 address of ``host``.
+
+    Raises:
+        NetworkError: the name does not resolve.
+    """
+    try:
+        return socket.gethostbyname(host)
+    except OSError as exc:
+        raise NetworkError(f"host {host!r} does not resolve: {exc.strerror or exc}") from None
+
+
+def route_source(host: str) -> str:
+    """The local address that the routing table uses to reach ``host`` (no packet is sent).
+
+    Raises:
+        NetworkError: the host does not resolve or there is no route to it.
+    """
+    target = resolve_host(host)
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((target, 9))
+        return probe.getsockname()[0]
+    except OSError as exc:
+        raise NetworkError(f"no route from this machine to host {host!r} ({target}): {exc.strerror or exc}") from None
+    finally:
+        probe.close()
+
+
+def interface_address(name: str) -> Optional[str]:
+    """The IPv4 address of the interface ``name`` on this machine, or None if it has none."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+    finally:
+        probe.close()
+
+
+def launcher_addresses(remote_hosts: Sequence[str], nics: Sequence[str] = ()) -> Dict[str, str]:
+    """For each remote host, the launcher's address that host should use to reach the rendezvous.
+
+    Args:
+        remote_hosts: the hosts that are not this machine.
+        nics: interfaces named by ``--network-interface(s)``; the first with an address here is used for all hosts.
+
+    Raises:
+        NetworkError: a host does not route, or none of ``nics`` has an IPv4 address on this machine.
+    """
+    if nics:
+        for nic in nics:
+            address = interface_address(nic)
+            if address is not None:
+                return {host: address for host in remote_hosts}
+        raise NetworkError(f"none of the network interfaces {', '.join(nics)} has an IPv4 address on this machine "
+                           f"({socket.gethostname()}); interfaces here: "
+                           f"{', '.join(name for _, name in socket.if_nameindex())}")
+    return {host: route_source(host) for host in remote_hosts}
+
+
+def bind_addresses(by_host: Mapping[str, str]) -> List[str]:
+    """The distinct addresses to serve the rendezvous on, in first-use order."""
+    seen: List[str] = []
+    for address in by_host.values():
+        if address not in seen:
+            seen.append(address)
+    return seen
+
+
+__all__ = ["NetworkError", "resolve_host", "route_source", "interface_address", "launcher_addresses",
+           "bind_addresses"]

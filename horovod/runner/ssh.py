@@ -1,0 +1,195 @@
+"""ssh to remote hosts: the command lines, the pre-flight check of every host, and starting remote workers.
+
+A remote worker is ``ssh [options] HOST exec env PYTHONPATH=... PYTHON -m horovod.runner.ssh_boot --rank N``; its
+environment (the job secret included), working directory and command go through ssh's standard input, which stays
+open for the job: when the launcher stops the worker, or dies, the channel closes and the remote side stops the
+worker's process group (see :mod:`horovod.runner.ssh_boot`). ssh runs with ``BatchMode=yes``: it never prompts, and
+a host it cannot log into fails the check with ssh's own message.
+
+Options from ``HOROVOD_SSH_ARGS`` come first on ssh's command line, so they win over the launcher's defaults
+(ssh takes the first value it sees of each option).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from horovod.common.exceptions import HorovodError
+from horovod.runner.ssh_boot import make_payload
+
+# Host-specific variables a remote worker takes from its own host's login, not from the launcher's environment.
+HOST_SPECIFIC_VARS = frozenset({
+    "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "DISPLAY",
+    "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "SSH_AGENT_PID", "XDG_RUNTIME_DIR",
+    "XDG_SESSION_ID", "XDG_SESSION_TYPE", "XDG_SESSION_CLASS", "MOTD_SHOWN",
+})
+_STDERR_TAIL = 600
+
+
+class HostCheckError(HorovodError):
+    """One or more remote hosts failed the pre-flight check; the message names each with ssh's own words."""
+
+    def __init__(self, failures: Mapping[str, str]):
+        self.failures = dict(failures)
+        lines = "\n".join(f"  {host}: {why}" for host, why in self.failures.items())
+        super().__init__(f"cannot start workers on {len(self.failures)} host(s):\n{lines}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SshConfig:
+    """How to reach remote hosts: port, identity file, extra options, the remote Python and the time allowed."""
+
+    port: Optional[int] = None
+    identity_file: Optional[str] = None
+    extra_args: Tuple[str, ...] = ()
+    python: str = sys.executable
+    timeout: float = 30.0
+
+    @staticmethod
+    def from_values(port: Optional[int], identity_file: Optional[str], extra_args: str, timeout: float,
+                    python: Optional[str] = None) -> "SshConfig":
+        """Build from ``horovodrun`` values (``HOROVOD_SSH_ARGS`` is a shell-quoted string)."""
+        return SshConfig(port, identity_file, tuple(shlex.split(extra_args or "")), python or sys.executable, timeout)
+
+
+def ssh_argv(ssh: SshConfig, host: str, remote_command: str) -> List[str]:
+    """The ssh command line that runs ``remote_command`` (a shell string) on ``host``."""
+    argv = ["ssh", *ssh.extra_args, "-T", "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={max(1, math.ceil(ssh.timeout))}",
+            "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
+    if ssh.port:
+        argv += ["-p", str(ssh.port)]
+    if ssh.identity_file:
+        argv += ["-i", ssh.identity_file, "-o", "IdentitiesOnly=yes"]
+    return argv + [host, remote_command]
+
+
+def package_root() -> str:
+    """The directory holding the ``horovod`` package (on a shared file system, the same path on every host)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def boot_command(ssh: SshConfig, *args: str) -> str:
+    """The remote shell command that runs :mod:`horovod.runner.ssh_boot` with ``args``."""
+    words = ["exec", "env", f"PYTHONPATH={package_root()}", ssh.python, "-m", "horovod.runner.ssh_boot", *args]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def remote_env(env: Mapping[str, str]) -> Dict[str, str]:
+    """The part of a worker's environment that travels to a remote host (host-specific variables stay there)."""
+    return {k: v for k, v in env.items() if k not in HOST_SPECIFIC_VARS and not k.startswith("BASH_FUNC_")}
+
+
+def _tail(text: str) -> str:
+    text = " / ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+    return text[-_STDERR_TAIL:] if text else "(no message)"
+
+
+def explain_check(host: str, returncode: Optional[int], stdout: str, stderr: str, probes: Sequence[str],
+                  timeout: float) -> Optional[str]:
+    """Why ``host`` failed its check, or None if it passed. A pure function of the check's outcome."""
+    if returncode is None:
+        return f"no answer over ssh within {timeout:g} s (--start-timeout); last message: {_tail(stderr)}"
+    if returncode == 255:
+        hint = ""
+        if "Host key verification failed" in stderr:
+            hint = (" (the host's key is not in known_hosts: add it with ssh-keyscan, or set "
+                    "HOROVOD_SSH_ARGS='-o StrictHostKeyChecking=accept-new')")
+        return f"ssh failed: {_tail(stderr)}{hint}"
+    if returncode != 0:
+        return f"ssh worked but the remote Python could not run horovod (exit {returncode}): {_tail(stderr)}"
+    try:
+        report = json.loads(stdout.strip().splitlines()[-1])
+        reachable = report["reachable"]
+    except (ValueError, IndexError, KeyError, TypeError):
+        return f"unexpected answer to the check: {_tail(stdout + stderr)}"
+    unreachable = [p for p in probes if not reachable.get(p)]
+    if unreachable:
+        return (f"cannot reach the launcher's rendezvous at {', '.join(unreachable)} from there; name an interface "
+                f"both sides share with --network-interface")
+    return None
+
+
+def _check_one(ssh: SshConfig, host: str, probes: Sequence[str], env: Mapping[str, str]) -> Optional[str]:
+    probe_timeout = max(1.0, min(5.0, ssh.timeout / 2))
+    argv = ssh_argv(ssh, host, boot_command(ssh, "--probe-timeout", f"{probe_timeout:g}", "--check", *probes))
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(env), start_new_session=True, text=True)
+    try:
+        out, err = proc.communicate(timeout=ssh.timeout)
+        code: Optional[int] = proc.returncode
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        code = None
+    finally:
+        _kill_group(proc.pid)
+    return explain_check(host, code, out, err, probes, ssh.timeout)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def check_hosts(ssh: SshConfig, probes_by_host: Mapping[str, Sequence[str]], env: Mapping[str, str],
+                log: Optional[Callable[[str], None]] = None) -> None:
+    """Check every remote host in parallel, within ``ssh.timeout``: ssh logs in, Python runs horovod, and the host
+    reaches each of its probe addresses (``addr:port``).
+
+    Raises:
+        HostCheckError: naming every host that failed and why.
+    """
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, max(1, len(probes_by_host)))) as pool:
+        futures = {host: pool.submit(_check_one, ssh, host, probes, env) for host, probes in probes_by_host.items()}
+        failures = {host: f.result() for host, f in futures.items() if f.result() is not None}
+    if log is not None:
+        log(f"Checked {len(probes_by_host)} remote host(s) over ssh in {time.monotonic() - started:.1f} s")
+    if failures:
+        raise HostCheckError(failures)
+
+
+class SshSpawner:
+    """A ``popen`` for :class:`~horovod.runner.processes.WorkerGroup` that feeds each remote worker its payload.
+
+    Commands registered with :meth:`add` are ssh command lines: they run with the launcher's environment (no job
+    secret) and their standard input is a pipe that receives the payload and stays open; others start as usual.
+    """
+
+    def __init__(self, ssh_env: Mapping[str, str]):
+        self._ssh_env = dict(ssh_env)
+        self._payloads: Dict[Tuple[str, ...], bytes] = {}
+
+    def add(self, argv: Sequence[str], command: Sequence[str], env: Mapping[str, str], cwd: str, grace: float) -> None:
+        """Register a remote worker: its ssh ``argv`` and what the remote side starts."""
+        self._payloads[tuple(argv)] = make_payload(command, remote_env(env), cwd, grace)
+
+    def __call__(self, argv: Sequence[str], env: Mapping[str, str], **kwargs) -> subprocess.Popen:
+        payload = self._payloads.get(tuple(argv))
+        if payload is None:
+            return subprocess.Popen(list(argv), env=dict(env), **kwargs)
+        kwargs["stdin"] = subprocess.PIPE
+        proc = subprocess.Popen(list(argv), env=self._ssh_env, **kwargs)
+        try:
+            proc.stdin.write(payload)
+            proc.stdin.flush()
+        except OSError:
+            pass  # ssh already exited; its exit status tells why
+        return proc  # proc.stdin stays open until the worker is stopped: its end is the remote side's stop signal
+
+
+__all__ = ["SshConfig", "HostCheckError", "SshSpawner", "ssh_argv", "boot_command", "remote_env", "check_hosts",
+           "explain_check", "package_root", "HOST_SPECIFIC_VARS"]
