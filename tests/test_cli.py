@@ -29,8 +29,8 @@ def test_check_build(capsys):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("argv, message", [
-    (["-np", "2", "--min-np", "1", "python", "x.py"], "elastic training"),
-    (["-np", "2", "--host-discovery-script", "d.sh", "python", "x.py"], "elastic training"),
+    (["-np", "2", "--min-np", "3", "--max-np", "2", "python", "x.py"], "--max-np"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "0", "5", "python", "x.py"], "cooldown"),
     (["-np", "2", "--mpi", "python", "x.py"], "MPI controller"),
     (["-np", "2", "--jsrun", "python", "x.py"], "jsrun"),
     (["-np", "2", "-H", "no-such-host.invalid:2", "python", "x.py"], "ssh launch not available yet"),

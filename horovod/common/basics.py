@@ -92,7 +92,8 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
         transport = None
         if size > 1:
             from horovod.core.bootstrap import connect
-            transport = connect(config, topo, f"{topo.scope}.mesh.{_generation}")
+            generation = _generation if topo.generation is None else topo.generation
+            transport = connect(config, topo, f"{topo.scope}.mesh.{generation}")
         timeline = _timeline.from_config(config, rank)
         engine = Engine(config, rank, size, transport, timeline)
         engine.add_static_set(0, range(size))

@@ -26,13 +26,23 @@ class Topology:
     rendezvous_port: int = -1
     secret: Optional[bytes] = None
     scope: str = "job"
+    # The mesh generation, where the launcher decides it (an elastic round); None: a process-local counter.
+    generation: Optional[int] = None
 
 
 def resolve(config) -> Topology:
     """The topology given by the launcher's ``HOROVOD_*`` variables (see :mod:`horovod.common.config`)."""
+    if config.elastic and config.gloo_rendezvous_addr:
+        return resolve_elastic(config)
     if not 0 <= config.rank < config.size:
         raise ValueError(f"HOROVOD_RANK={config.rank} is outside 0..{config.size - 1} (HOROVOD_SIZE={config.size})")
     return Topology(config.rank, config.size, config.local_rank, config.local_size, config.cross_rank,
                     config.cross_size, config.hostname, config.gloo_rendezvous_addr,
                     config.gloo_rendezvous_port, secret_from_hex(config.secret_key) if config.secret_key else None,
                     config.rendezvous_scope)
+
+
+def resolve_elastic(config) -> Topology:
+    """An elastic worker's topology: its place in the driver's next round (see :mod:`horovod.elastic.worker`)."""
+    from horovod.elastic.worker import resolve_elastic as _ask_driver
+    return _ask_driver(config)

@@ -2,8 +2,9 @@
 
 ``horovodrun -np 4 python train.py`` runs four workers on this machine, each told its rank and where the job's
 rendezvous service is through ``HOROVOD_*`` variables. The tunable flags come from the configuration table
-(:mod:`horovod.runner.tunables`); launching is :mod:`horovod.runner.launch`. Features of later versions (elastic
-jobs, ssh to other hosts, MPI) are parsed and refused with exit status 2.
+(:mod:`horovod.runner.tunables`); launching is :mod:`horovod.runner.launch`, elastic jobs (``--min-np``,
+``--host-discovery-script``) :mod:`horovod.runner.elastic`. Features of later versions (ssh to other hosts, MPI) are
+parsed and refused with exit status 2.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     tunables.add_tunable_flags(parser)
 
-    elastic = parser.add_argument_group("elastic (not available yet)")
+    elastic = parser.add_argument_group("elastic")
     elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, help="minimum number of workers")
     elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, help="maximum number of workers")
     elastic.add_argument("--slots-per-host", "--slots", dest="slots", type=int, help="slots per discovered host")
@@ -65,7 +66,8 @@ def make_parser() -> argparse.ArgumentParser:
     hosts = parser.add_argument_group("hosts").add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", help="hosts and slots: host1:2,host2:4 (default localhost:<np>)")
     hosts.add_argument("-hostfile", "--hostfile", help="file of 'hostname slots=N' lines")
-    hosts.add_argument("--host-discovery-script", help="elastic host discovery script (not available yet)")
+    hosts.add_argument("--host-discovery-script", help="elastic: script printing the available hosts, one "
+                                                       "'host' or 'host:slots' per line")
 
     controller = parser.add_argument_group("controller").add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="use_gloo", action="store_true", default=None,
@@ -85,9 +87,6 @@ def check_available(values: Mapping[str, Any]) -> None:
     Raises:
         NotAvailableYetError: naming the feature.
     """
-    if values.get("host_discovery_script") or values.get("min_np") is not None or values.get("max_np") is not None:
-        raise NotAvailableYetError("elastic training (--min-np/--max-np/--host-discovery-script) is not available "
-                                   "yet")
     if values.get("use_mpi") or values.get("mpi_args"):
         raise NotAvailableYetError("the MPI controller (--mpi/--mpi-args) is not available yet; use --gloo")
     if values.get("use_jsrun"):
@@ -144,6 +143,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_available(values)
         if not values["command"]:
             return _error(parser, "no command given; usage: horovodrun -np N python train.py")
+        from horovod.runner.elastic.launch import is_elastic, main_elastic, settings_from_values
+        if is_elastic(values):
+            settings_from_values(values)  # usage errors first
+            return main_elastic(values, launcher_env(values))
         if values["np"] is None:
             return _error(parser, "the following arguments are required: -np/--num-proc")
         hosts = resolve_hosts(values["np"], values.get("hosts"), values.get("hostfile"))

@@ -1,0 +1,91 @@
+"""The worker's side of an elastic job: ask the driver for this worker's place in the next round.
+
+``hvd.init()`` in a worker started by the elastic driver (``HOROVOD_ELASTIC=1``) calls :func:`resolve_elastic`
+through :func:`horovod.common.topology.resolve`. The worker says it is ready (naming the last round it took part
+in) and waits for the driver's answer. The driver answers once every live worker is waiting, so each round starts
+from a barrier: no worker of the new round meets a peer still training in the old one.
+
+The round number comes from the driver, not from a process-local counter: a worker started in round 5 and one
+that has been there since round 1 must build their mesh in the same scope.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Optional
+
+from horovod.common.exceptions import RendezvousError
+from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
+from horovod.elastic import protocol
+
+_lock = threading.Lock()
+_round = 0          # the last round this process took part in
+_version = 0        # the host update that round accounts for
+_client: Optional[RendezvousClient] = None
+
+
+def current_round() -> int:
+    """The round this worker is (or last was) in; 0 before its first."""
+    return _round
+
+
+def current_version() -> int:
+    """The last host update the current round accounts for."""
+    return _version
+
+
+def _make_client(config) -> RendezvousClient:
+    if not config.gloo_rendezvous_addr or config.gloo_rendezvous_port <= 0 or not config.secret_key:
+        raise RendezvousError("HOROVOD_ELASTIC=1 but no rendezvous server or secret is set; start elastic "
+                                   "jobs with horovodrun --min-np/--host-discovery-script or horovod.run(min_np=)")
+    return RendezvousClient(config.gloo_rendezvous_addr, config.gloo_rendezvous_port,
+                            secret_from_hex(config.secret_key), timeout=config.start_timeout)
+
+
+def resolve_elastic(config):
+    """This worker's :class:`~horovod.common.topology.Topology` in the driver's next round.
+
+    Raises:
+        SystemExit: (status 0) the driver removed this worker's host, or the job has ended.
+        RendezvousError: the driver did not answer within the elastic and start timeouts, or is gone.
+    """
+    global _round, _version, _client
+    from horovod.common.topology import Topology
+    key = protocol.slot_key(config.hostname, config.local_rank)
+    with _lock:
+        client = _client = _client or _make_client(config)
+        try:
+            client.delete(protocol.ASSIGN_SCOPE, key)
+            client.put(protocol.READY_SCOPE, key, str(_round).encode())
+            answer = protocol.decode_answer(client.get(protocol.ASSIGN_SCOPE, key,
+                                                       timeout=config.elastic_timeout + config.start_timeout))
+        except RendezvousError as exc:
+            # Not a HorovodInternalError: the driver is gone or silent, so retrying cannot help.
+            raise RendezvousError(f"elastic worker {key}: no assignment from the driver: {exc}") from None
+        if answer in (protocol.REMOVED, protocol.ENDED):
+            why = "its host was removed from the job" if answer == protocol.REMOVED else "the job has ended"
+            print(f"horovod: elastic worker {key} stops: {why}", file=sys.stderr, flush=True)
+            raise SystemExit(0)
+        _round, _version = answer.round, answer.version
+    return Topology(answer.rank, answer.size, answer.local_rank, answer.local_size, answer.cross_rank,
+                    answer.cross_size, config.hostname, config.gloo_rendezvous_addr, config.gloo_rendezvous_port,
+                    client.secret, f"{config.rendezvous_scope}.elastic", generation=answer.round)
+
+
+def poll_host_update() -> Optional[tuple]:
+    """``(version, flags)`` of a host update newer than the current round, or None; one bounded request."""
+    client = _client
+    if client is None:
+        return None
+    try:
+        data = client.try_get(protocol.NOTIFY_SCOPE, protocol.HOSTS_UPDATED_KEY)
+    except (RendezvousError, ValueError):
+        return None
+    if data is None:
+        return None
+    version, flags = protocol.decode_update(data)
+    return (version, flags) if version > _version else None
+
+
+__all__ = ["resolve_elastic", "poll_host_update", "current_round", "current_version"]

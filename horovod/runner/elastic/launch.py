@@ -1,0 +1,104 @@
+"""Start an elastic job from ``horovodrun``'s flags or ``horovod.run``'s arguments."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TextIO, Tuple
+
+from horovod.common import config
+from horovod.runner.elastic.discovery import FixedHosts, HostDiscoveryScript
+from horovod.runner.elastic.driver import ElasticSettings
+from horovod.runner.elastic.executor import LocalSpawner
+from horovod.runner.elastic.job import ElasticJob
+from horovod.runner.hosts import resolve_hosts
+from horovod.runner.launch import rendezvous_service
+from horovod.runner.processes import OutputSink
+
+
+def is_elastic(values: Mapping[str, Any]) -> bool:
+    """Whether the flags ask for an elastic job (a discovery script, ``--min-np`` or ``--max-np``)."""
+    return bool(values.get("host_discovery_script")) or values.get("min_np") is not None \
+        or values.get("max_np") is not None
+
+
+def settings_from_values(values: Mapping[str, Any]) -> ElasticSettings:
+    """:class:`ElasticSettings` from parsed flags; ``HOROVOD_ELASTIC_TIMEOUT``/``_START_TIMEOUT`` as defaults.
+
+    Raises:
+        ValueError: inconsistent numbers of processes or a bad cooldown range.
+    """
+    defaults = config.load_config()
+    np, min_np, max_np = values.get("np"), values.get("min_np"), values.get("max_np")
+    if np is None and min_np is None:
+        raise ValueError("an elastic job needs -np or --min-np")
+    min_np = min_np if min_np is not None else np
+    cooldown = values.get("blacklist_cooldown_range")
+    timeout = values.get("elastic_timeout")
+    start = values.get("start_timeout")
+    return ElasticSettings(min_np=min_np, max_np=max_np,
+                           elastic_timeout=float(timeout if timeout is not None else defaults.elastic_timeout),
+                           start_timeout=float(start if start is not None else defaults.start_timeout),
+                           reset_limit=values.get("reset_limit"),
+                           cooldown_range=tuple(float(v) for v in cooldown) if cooldown else None)
+
+
+def discovery_from_values(values: Mapping[str, Any]):
+    """The discovery script, else the fixed hosts of ``-H``/``--hostfile`` (default ``localhost:<np>``)."""
+    if values.get("host_discovery_script"):
+        return HostDiscoveryScript(values["host_discovery_script"], values.get("slots"))
+    count = values.get("np") or values.get("max_np") or values.get("min_np")
+    return FixedHosts(resolve_hosts(count, values.get("hosts"), values.get("hostfile")))
+
+
+@contextlib.contextmanager
+def _forward_signals(job: ElasticJob) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda signum, frame: job.interrupt(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_elastic_job(command: Sequence[str], settings: ElasticSettings, discovery, extra_env: Mapping[str, str],
+                    prefix_timestamp: bool = False, stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
+                    prepare_store: Optional[Callable[[Any], None]] = None,
+                    finish_store: Optional[Callable[[Any], None]] = None) -> Tuple[int, str]:
+    """Serve a rendezvous, run the elastic driver until the job ends; returns ``(exit_code, message)``.
+
+    Args:
+        prepare_store, finish_store: called with the store before the job starts and after it ended
+            (``horovod.run`` puts its function in and takes the results out).
+    """
+    env = dict(extra_env)
+    env["HOROVOD_ELASTIC_TIMEOUT"] = repr(settings.elastic_timeout)
+    env["HOROVOD_START_TIMEOUT"] = repr(settings.start_timeout)
+    with rendezvous_service() as (server, rendezvous):
+        if prepare_store is not None:
+            prepare_store(server.store)
+        sink = OutputSink(0, stdout, stderr, None, prefix_timestamp)
+        spawner = LocalSpawner(command, rendezvous, config.environ_snapshot(), env, sink)
+        job = ElasticJob(settings, discovery, spawner, server.store)
+        with _forward_signals(job):
+            result = job.run()
+        if finish_store is not None:
+            finish_store(server.store)
+    return result
+
+
+def main_elastic(values: Mapping[str, Any], env: Mapping[str, str]) -> int:
+    """``horovodrun`` for an elastic job; returns the exit status."""
+    settings = settings_from_values(values)
+    code, _ = run_elastic_job(values["command"], settings, discovery_from_values(values), env,
+                              prefix_timestamp=bool(values.get("prefix_output_with_timestamp")))
+    return code
+
+
+__all__ = ["is_elastic", "settings_from_values", "discovery_from_values", "run_elastic_job", "main_elastic"]

@@ -1,0 +1,46 @@
+"""Elastic jobs under the real horovodrun, with loopback addresses as hosts (tier: cli).
+
+Membership changes are driven by editing the discovery script's output or killing a worker; every wait is for a
+marker file or the launcher's exit, bounded.
+"""
+
+import os
+import signal
+
+import pytest
+
+pytestmark = pytest.mark.cli
+
+N = 24  # samples per epoch in elastic_worker.py
+
+
+def check_history(finals, epochs):
+    """Identical parameters everywhere; each epoch committed once, in order; each sample seen in each epoch."""
+    assert finals, "no worker finished"
+    params = {tuple(f["params"]) for f in finals.values()}
+    assert len(params) == 1, f"ranks disagree: {finals}"
+    rank0 = [f for f in finals.values() if f["rank"] == 0][0]
+    assert rank0["committed"] == list(range(epochs))
+    for epoch in range(epochs):
+        seen = rank0["seen"][str(epoch)]
+        assert set(seen) == set(range(N)), f"epoch {epoch} lost samples: {sorted(set(range(N)) - set(seen))}"
+        # Only the padding of a last, uneven round repeats samples: less than one batch per worker.
+        assert len(seen) - N < 2 * 3, f"epoch {epoch} repeated samples: {sorted(seen)}"
+    return rank0
+
+
+def test_killed_worker_training_goes_on_and_its_host_returns_after_cooldown(elastic_run):
+    run = elastic_run(["127.0.0.1", "127.0.0.2"],
+                      ["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "1", "2"],
+                      {"ELASTIC_TEST_HOLD": "1:2", "ELASTIC_TEST_WAIT": "2@3"})
+    held = run.wait_for("hold.*", count=2)
+    victim = [name for name in held if name.startswith("hold.127.0.0.2.")][0]
+    os.kill(int(victim.rsplit(".", 1)[1]), signal.SIGKILL)
+    run.release()
+    assert run.finish() == 0, run.log()
+    finals = run.finals()
+    rank0 = check_history(finals, 4)
+    assert rank0["sizes"] == {"0": 2, "1": 1, "2": 1, "3": 2}, rank0
+    returned = [k for k in finals if k.startswith("127.0.0.2.")]
+    assert returned and returned[0] != victim[len("hold."):], "the blacklisted host did not come back"
+    assert "host 127.0.0.2 is blacklisted for" in run.log()
