@@ -31,9 +31,8 @@ def test_check_build(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["-np", "2", "--min-np", "3", "--max-np", "2", "python", "x.py"], "--max-np"),
     (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "0", "5", "python", "x.py"], "cooldown"),
-    (["-np", "2", "--mpi", "python", "x.py"], "MPI controller"),
+    (["-np", "2", "--mpi-args=--oversubscribe", "python", "x.py"], "--mpi-args needs --mpi"),
     (["-np", "2", "--jsrun", "python", "x.py"], "jsrun"),
-    (["-np", "2", "-H", "no-such-host.invalid:2", "python", "x.py"], "ssh launch not available yet"),
     (["-np", "2", "python", "x.py", "-H", "a:1"], None),  # flags after the command belong to the command
     (["-np", "2"], "no command"),
     (["python", "x.py"], "-np/--num-proc"),

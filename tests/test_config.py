@@ -73,7 +73,7 @@ def test_start_timeout_reaches_workers_but_elastic_timeout_stays_in_the_launcher
 
 def test_network_interface_and_tcp():
     assert env_of("--network-interface", "lo", "--tcp") == {"HOROVOD_GLOO_IFACE": "lo", "NCCL_IB_DISABLE": "1"}
-    assert env_of("--network-interfaces", "eth0,eth1") == {"HOROVOD_GLOO_IFACE": "eth0"}
+    assert env_of("--network-interfaces", "eth0,eth1") == {"HOROVOD_GLOO_IFACE": "eth0,eth1"}
 
 
 @pytest.mark.parametrize("argv", [["--fusion-threshold-mb", "-1"], ["--cycle-time-ms", "abc"],

@@ -64,7 +64,7 @@ def test_worker_dying_without_result():
     ({"use_gloo": True, "use_mpi": True}, ValueError),
     ({"min_np": 1}, NotAvailableYetError),
     ({"use_mpi": True}, NotAvailableYetError),
-    ({"hosts": "no-such-host.invalid:2"}, NotAvailableYetError),
+    ({"hosts": "no-such-host.invalid:2"}, ValueError),  # does not resolve (NetworkError)
     ({"np": 3, "hosts": "localhost:2"}, ValueError),
 ])
 def test_run_argument_errors(kwargs, error):

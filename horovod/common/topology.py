@@ -31,7 +31,13 @@ class Topology:
 
 
 def resolve(config) -> Topology:
-    """The topology given by the launcher's ``HOROVOD_*`` variables (see :mod:`horovod.common.config`)."""
+    """The topology given by the launcher's ``HOROVOD_*`` variables (see :mod:`horovod.common.config`).
+
+    A worker started by ``mpirun`` or ``srun`` without ``horovodrun`` is placed by :func:`_started_by_others`.
+    """
+    external = _started_by_others(config)
+    if external is not None:
+        return external
     if config.elastic and config.gloo_rendezvous_addr:
         return resolve_elastic(config)
     if not 0 <= config.rank < config.size:
@@ -46,3 +52,9 @@ def resolve_elastic(config) -> Topology:
     """An elastic worker's topology: its place in the driver's next round (see :mod:`horovod.elastic.worker`)."""
     from horovod.elastic.worker import resolve_elastic as _ask_driver
     return _ask_driver(config)
+
+
+def _started_by_others(config) -> Optional[Topology]:
+    """mpirun/srun workers: rank from their variables, peers met through a rendezvous (:mod:`launch_env`)."""
+    from horovod.common.launch_env import resolve_external
+    return resolve_external(config)

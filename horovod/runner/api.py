@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -9,8 +10,11 @@ import cloudpickle
 
 from horovod.common.exceptions import HorovodError
 from horovod.runner.hosts import HostInfo, get_host_assignments, resolve_hosts
-from horovod.runner.launch import (LaunchConfig, NotAvailableYetError, check_local, launch_local, package_pythonpath,
+from horovod.common.config import load_config
+from horovod.runner.launch import (LaunchConfig, NotAvailableYetError, launch_local, package_pythonpath,
                                    rendezvous_service)
+from horovod.runner.multihost import launch_multihost, multihost_rendezvous, plan_rendezvous, remote_hosts
+from horovod.runner.ssh import SshConfig
 from horovod.runner.processes import JobResult, failure_message
 from horovod.runner.run_task import FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE, TaskOutcome
 
@@ -91,13 +95,15 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
         func: a cloudpicklable function.
         args, kwargs: its arguments.
         num_proc, np: the number of workers (default: all slots of ``hosts``/``hostfile``, else 1).
-        hosts: ``host:slots,...``; hostfile: a file of ``host slots=N`` lines (only this machine's hosts for now).
+        hosts: ``host:slots,...``; hostfile: a file of ``host slots=N`` lines; hosts that are not this machine are
+            reached over ssh (``ssh_port``, ``ssh_identity_file``, ``HOROVOD_SSH_ARGS``), checked first within
+            ``start_timeout``.
         output_filename: also write each rank's output under this directory.
         verbose: print what the launcher does.
         use_gloo: accepted (the TCP controller is the only one).
         executable: the Python interpreter of the workers (default: this one).
         network_interface, network_interfaces: interface(s) for the data plane.
-        start_timeout, ssh_port, ssh_identity_file, disable_cache: accepted for compatibility.
+        disable_cache: accepted for compatibility.
         min_num_proc, max_num_proc, min_np, max_np, slots, reset_limit, cooldown_range, host_discovery_script,
             use_mpi, mpi_args: elastic and MPI jobs, not available yet.
 
@@ -106,7 +112,8 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
 
     Raises:
         ValueError: both ``hosts`` and ``hostfile``, or both ``use_gloo`` and ``use_mpi``, or bad hosts.
-        NotAvailableYetError: elastic, MPI or remote hosts were requested.
+        NotAvailableYetError: elastic or MPI jobs were requested.
+        HostCheckError: a remote host cannot be logged into, run horovod or reach the launcher.
         BaseException: the exception a worker raised, with its traceback in the cause's message.
     """
     if hosts and hostfile:
@@ -121,15 +128,19 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
     host_list: List[HostInfo] = resolve_hosts(num_proc or 1, hosts, hostfile)
     if num_proc is None:
         num_proc = sum(h.slots for h in host_list)
-    check_local(host_list)
     slot_infos = get_host_assignments(host_list, num_proc)
     extra_env = package_pythonpath(include_caller_path=True)
     nics = [network_interface] if network_interface else list(network_interfaces or [])
     if nics:
-        extra_env["HOROVOD_GLOO_IFACE"] = nics[0]
+        extra_env["HOROVOD_GLOO_IFACE"] = ",".join(nics)
     launch = LaunchConfig(command=(executable or sys.executable, "-m", "horovod.runner.run_task"),
                           slots=tuple(slot_infos), extra_env=extra_env, output_filename=output_filename,
                           prefix_timestamp=prefix_output_with_timestamp, verbose=bool(verbose))
+    if remote_hosts([h.hostname for h in host_list]):
+        ssh = SshConfig(ssh_port, ssh_identity_file, tuple(shlex.split(load_config().ssh_args)),
+                        executable or sys.executable,
+                        start_timeout if start_timeout is not None else load_config().start_timeout)
+        return _run_multihost(func, args, kwargs, launch, nics, ssh, num_proc)
     with rendezvous_service() as (server, rendezvous):
         server.store.put(FUNC_SCOPE, FUNC_KEY, cloudpickle.dumps((func, tuple(args), dict(kwargs or {}))))
         result = launch_local(launch, rendezvous)
@@ -138,6 +149,16 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
             data = server.store.get(RESULT_SCOPE, str(rank))
             if data is not None:
                 outcomes[rank] = _load_outcome(rank, data)
+    return raise_for_outcomes(result, outcomes, num_proc)
+
+
+def _run_multihost(func, args, kwargs, launch: LaunchConfig, nics: Sequence[str], ssh: SshConfig,
+                   num_proc: int) -> List[Any]:
+    with multihost_rendezvous(plan_rendezvous([s.hostname for s in launch.slots], nics)) as (store, rendezvous):
+        store.put(FUNC_SCOPE, FUNC_KEY, cloudpickle.dumps((func, tuple(args), dict(kwargs or {}))))
+        result = launch_multihost(launch, rendezvous, ssh)
+        outcomes = {rank: _load_outcome(rank, data) for rank in range(num_proc)
+                    if (data := store.get(RESULT_SCOPE, str(rank))) is not None}
     return raise_for_outcomes(result, outcomes, num_proc)
 
 

@@ -3,8 +3,8 @@
 ``horovodrun -np 4 python train.py`` runs four workers on this machine, each told its rank and where the job's
 rendezvous service is through ``HOROVOD_*`` variables. The tunable flags come from the configuration table
 (:mod:`horovod.runner.tunables`); launching is :mod:`horovod.runner.launch`, elastic jobs (``--min-np``,
-``--host-discovery-script``) :mod:`horovod.runner.elastic`. Features of later versions (ssh to other hosts, MPI) are
-parsed and refused with exit status 2.
+``--host-discovery-script``) :mod:`horovod.runner.elastic`, other hosts :mod:`horovod.runner.multihost` (ssh) or
+:mod:`horovod.runner.mpi_run` (``--mpi``). jsrun is parsed and refused with exit status 2.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from horovod.common.exceptions import HorovodConfigError
 from horovod.runner import tunables
 from horovod.runner.check_build import check_build_text
 from horovod.runner.hosts import get_host_assignments, resolve_hosts
-from horovod.runner.launch import LaunchConfig, NotAvailableYetError, check_local, launch_local, rendezvous_service
+from horovod.runner.launch import LaunchConfig, NotAvailableYetError, launch_local, rendezvous_service
+from horovod.runner.multihost import remote_hosts
 from horovod.runner.processes import failure_message
 from horovod.version import __version__
 
@@ -40,7 +41,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-file", help="YAML file of parameters, with Horovod's sections; flags given on "
                                               "the command line win")
 
-    ssh = parser.add_argument_group("ssh (not available yet: hosts must be this machine)")
+    ssh = parser.add_argument_group("ssh (hosts that are not this machine; extra options: HOROVOD_SSH_ARGS)")
     ssh.add_argument("-p", "--ssh-port", type=int, help="ssh port on all hosts")
     ssh.add_argument("-i", "--ssh-identity-file", help="ssh private key file")
 
@@ -55,7 +56,7 @@ def make_parser() -> argparse.ArgumentParser:
                          help="cooldown range in seconds of blacklisted hosts")
 
     library = parser.add_argument_group("library options")
-    library.add_argument("--mpi-args", help="extra mpirun arguments (needs --mpi, not available yet)")
+    library.add_argument("--mpi-args", help="extra mpirun arguments (with --mpi)")
     library.add_argument("--tcp", dest="tcp_flag", action="store_true", help="TCP only for NCCL (NCCL_IB_DISABLE=1)")
     library.add_argument("--binding-args", help="process binding arguments (accepted for compatibility)")
 
@@ -73,7 +74,7 @@ def make_parser() -> argparse.ArgumentParser:
     controller.add_argument("--gloo", dest="use_gloo", action="store_true", default=None,
                             help="TCP controller (the default and only one available)")
     controller.add_argument("--mpi", dest="use_mpi", action="store_true", default=None,
-                            help="MPI controller (not available yet)")
+                            help="start the workers with Open MPI's mpirun (they still talk over TCP)")
     controller.add_argument("--jsrun", dest="use_jsrun", action="store_true", default=None,
                             help="jsrun launcher (not available yet)")
 
@@ -87,8 +88,8 @@ def check_available(values: Mapping[str, Any]) -> None:
     Raises:
         NotAvailableYetError: naming the feature.
     """
-    if values.get("use_mpi") or values.get("mpi_args"):
-        raise NotAvailableYetError("the MPI controller (--mpi/--mpi-args) is not available yet; use --gloo")
+    if values.get("mpi_args") and not values.get("use_mpi"):
+        raise ValueError("--mpi-args needs --mpi")
     if values.get("use_jsrun"):
         raise NotAvailableYetError("jsrun launch is not available yet; use --gloo")
 
@@ -100,7 +101,7 @@ def launcher_env(values: Mapping[str, Any]) -> Dict[str, str]:
     if values.get("nics"):
         nics += [n.strip() for n in values["nics"].split(",") if n.strip()]
     if nics:
-        env["HOROVOD_GLOO_IFACE"] = nics[0]
+        env["HOROVOD_GLOO_IFACE"] = ",".join(nics)  # each host uses the first of them it has
     if values.get("tcp_flag"):
         env["NCCL_IB_DISABLE"] = "1"
     return env
@@ -150,7 +151,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if values["np"] is None:
             return _error(parser, "the following arguments are required: -np/--num-proc")
         hosts = resolve_hosts(values["np"], values.get("hosts"), values.get("hostfile"))
-        check_local(hosts)
         slots = get_host_assignments(hosts, values["np"])
         env = launcher_env(values)
     except NotAvailableYetError as exc:
@@ -162,6 +162,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           output_filename=values.get("output_filename"),
                           prefix_timestamp=bool(values.get("prefix_output_with_timestamp")),
                           verbose=bool(values.get("verbose")))
+    if values.get("use_mpi"):
+        from horovod.runner import mpi_run
+        return mpi_run.run_cli(values, hosts, values["np"], env, launch.command)
+    if remote_hosts([h.hostname for h in hosts]):
+        from horovod.runner import multihost
+        return multihost.run_cli(values, launch)
     with rendezvous_service() as (_, rendezvous):
         try:
             result = launch_local(launch, rendezvous)
