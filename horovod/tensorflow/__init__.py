@@ -1,0 +1,74 @@
+"""``import horovod.tensorflow as hvd``: Horovod's TensorFlow 2 API (eager mode and ``tf.function``).
+
+A thin binding over :mod:`horovod.common`: ops convert tensors to numpy and call the core (:mod:`.mpi_ops`, which
+also registers their gradients); this package adds ``DistributedGradientTape``, the Keras ``DistributedOptimizer``
+(:mod:`horovod.tensorflow.keras`), variable and object broadcasts, ``SyncBatchNormalization`` and elastic state.
+Importing it starts nothing; ``hvd.init()`` does.
+"""
+
+from horovod.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+                                   gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
+                                   shutdown, size, start_timeline, stop_timeline)
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.tensorflow.compression import Compression
+from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from horovod.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from horovod.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, _executing_eagerly, allgather,
+                                        allreduce, alltoall, barrier, broadcast, broadcast_, grouped_allgather,
+                                        grouped_allreduce, grouped_reducescatter, join, local_rank_op,
+                                        local_size_op, process_set_included_op, rank_op, reducescatter, size_op)
+from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
+
+
+def check_num_rank_power_of_2(num_rank: int) -> bool:
+    """True when ``num_rank`` is a power of two (Adasum needs it)."""
+    return num_rank > 0 and (num_rank & (num_rank - 1)) == 0
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """Wrap a Keras 3 optimizer so that it applies gradients averaged over the ranks; see
+    :func:`horovod.tensorflow.keras.DistributedOptimizer` (TensorFlow 1 optimizers no longer exist).
+
+    Raises:
+        ValueError: ``optimizer`` is not a Keras optimizer, or the arguments are inconsistent.
+    """
+    import keras
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"Provided optimizer doesn't inherit from a Keras optimizer: {optimizer!r} "
+                         f"(TensorFlow 1 optimizers are not supported by TensorFlow 2.16+)")
+    if op == Adasum:
+        raise ValueError("op == Adasum is not supported yet with Keras")
+    from horovod.tensorflow.keras import DistributedOptimizer as _keras_optimizer
+    return _keras_optimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                            compression=compression, sparse_as_dense=sparse_as_dense,
+                            gradient_predivide_factor=gradient_predivide_factor, op=op,
+                            backward_passes_per_step=backward_passes_per_step,
+                            average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+                            groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+from horovod.tensorflow import elastic  # noqa: E402  (a submodule, as in Horovod: hvd.elastic.run)
+
+__all__ = [
+    # basics
+    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank",
+    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "check_num_rank_power_of_2",
+    # process sets and ops
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op",
+    # collectives
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
+    "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
+    # training
+    "Compression", "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+    "SyncBatchNormalization", "elastic",
+]

@@ -1,0 +1,78 @@
+"""TensorFlow <-> numpy for the TensorFlow binding, and the one place that runs core code eagerly or in a graph.
+
+:func:`run_numpy` calls a function on numpy arrays. Executing eagerly it converts with ``.numpy()`` and
+``tf.convert_to_tensor``; while tracing (``tf.function``, Keras ``fit``) it becomes one stateful
+``tf.numpy_function`` op, so ``tf.function``'s automatic control dependencies run Horovod ops in program order on
+every rank (a blocking collective never waits behind another rank's different op). bfloat16 travels to the core as
+its ``uint16`` bit pattern with ``dtype="bfloat16"``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+_SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
+              tf.float64, tf.bool)
+
+
+def check_dtype(dtype: tf.DType, what: str = "tensor") -> tf.DType:
+    """Raises ValueError for a dtype the core cannot carry (strings, complex, resources)."""
+    if dtype.base_dtype not in _SUPPORTED:
+        raise ValueError(f"{what} has dtype {dtype.name}, which Horovod cannot reduce or move; supported: "
+                         f"{', '.join(d.name for d in _SUPPORTED)}")
+    return dtype.base_dtype
+
+
+def to_core(array: np.ndarray) -> Tuple[np.ndarray, Optional[str]]:
+    """A numpy array from TensorFlow as the core takes it: ``(array, dtype name or None)``."""
+    array = np.asarray(array)
+    if array.dtype == tf.bfloat16.as_numpy_dtype:
+        return np.ascontiguousarray(array).view(np.uint16), "bfloat16"
+    return array, None
+
+
+def from_core(array: np.ndarray, dtype: tf.DType) -> np.ndarray:
+    """A result array from the core as TensorFlow's numpy type for ``dtype``."""
+    array = np.asarray(array)
+    if dtype == tf.bfloat16:
+        return array.view(tf.bfloat16.as_numpy_dtype)
+    return array.astype(dtype.as_numpy_dtype, copy=False)
+
+
+def executing_eagerly() -> bool:
+    return tf.executing_eagerly()
+
+
+def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: Sequence[tf.DType],
+              shapes: Sequence, name: str = "Horovod") -> List[tf.Tensor]:
+    """Run ``fn(*arrays) -> arrays`` on ``inputs``, eagerly or as one graph op; returns tensors of ``touts``.
+
+    Args:
+        fn: takes TensorFlow's numpy view of each input (bfloat16 as ``ml_dtypes``), returns one array per
+            ``touts`` entry; it may block on collectives.
+        inputs: tensors (or values convertible to tensors).
+        touts: the output dtypes.
+        shapes: the static output shapes (``None`` entries for dimensions known only at run time).
+        name: the graph op's name.
+    """
+    touts = list(touts)
+
+    def call(*arrays):
+        outputs = fn(*arrays)
+        return [from_core(o, t) for o, t in zip(outputs, touts)]
+
+    if tf.executing_eagerly():
+        arrays = [t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in inputs]
+        return [tf.convert_to_tensor(o) for o in call(*arrays)]
+    outputs = tf.numpy_function(call, list(inputs), touts, stateful=True, name=name)
+    if not isinstance(outputs, (list, tuple)):
+        outputs = [outputs]
+    for output, shape in zip(outputs, shapes):
+        output.set_shape(shape)
+    return list(outputs)
+
+
+__all__ = ["check_dtype", "to_core", "from_core", "run_numpy", "executing_eagerly"]

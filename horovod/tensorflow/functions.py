@@ -1,0 +1,51 @@
+"""Broadcasting variables from one rank, and collectives on Python objects."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional
+
+from horovod.common import collectives as _c
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.tensorflow.mpi_ops import broadcast_
+
+
+def broadcast_variables(variables, root_rank: int, process_set: ProcessSet = global_process_set,
+                        inplace: bool = False):
+    """Overwrite every variable with ``root_rank``'s value (model and optimizer variables before training).
+
+    Args:
+        variables: ``tf.Variable`` or Keras variables, in the same order on every rank.
+        root_rank: the global rank whose values everyone receives.
+        process_set: the ranks taking part.
+        inplace: accepted for compatibility (assignment is always in place).
+    Returns:
+        The assign results (ops while tracing a graph).
+    """
+    variables = list(variables)
+    if not variables:
+        return []
+    return broadcast_(variables, root_rank, process_set=process_set)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, session=None, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Return ``root_rank``'s ``obj`` (any cloudpicklable object) on every rank of the set; ``session`` is
+    ignored (TensorFlow 1 sessions do not exist in TensorFlow 2)."""
+    return _c.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def broadcast_object_fn(root_rank: int = 0, session=None, name: Optional[str] = None,
+                        process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
+    """A function ``fn(obj)`` that broadcasts ``obj`` from ``root_rank`` (see :func:`broadcast_object`)."""
+    def broadcast_fn(obj: Any) -> Any:
+        return _c.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    return broadcast_fn
+
+
+def allgather_object(obj: Any, session=None, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Every rank's ``obj`` (any cloudpicklable object), ordered by rank."""
+    return _c.allgather_object(obj, name=name, process_set=process_set)
+
+
+__all__ = ["broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object"]

@@ -1,0 +1,139 @@
+"""``DistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient()`` returns gradients reduced over ranks.
+
+As in Horovod, the result is an instance of a subclass of the given tape's class that shares the tape's recorded
+state, so ``isinstance(tape, tf.GradientTape)`` holds and it can also be used as the ``with`` context itself.
+Sources registered as local (``register_local_source``, or ``PartialDistributedGradientTape(local_layers=...)``)
+keep their local gradient, divided by the set's size when ``scale_local_gradients`` (Horovod's rule).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict
+
+import tensorflow as tf
+
+from horovod.common import collectives as _c
+from horovod.common.process_sets import global_process_set
+from horovod.tensorflow.compression import Compression
+from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments
+from horovod.tensorflow.mpi_ops import size_op
+
+
+class _DistributedGradientTape:
+    """Mixin placed before the wrapped tape's class; see :func:`DistributedGradientTape`."""
+
+    def register_local_source(self, source) -> None:
+        """Mark ``source`` (a variable) as worker-local: its gradient is not reduced."""
+        self._local_sources.add(_var_key(source))
+
+    def gradient(self, target, sources, output_gradients=None, *args, **kwargs):
+        """The tape's gradients of ``target`` with respect to ``sources``, reduced over the process set."""
+        grads = super().gradient(target, sources, output_gradients, *args, **kwargs)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        shared = [i for i, s in enumerate(flat_sources) if not self._is_local(s)]
+        reduced = self._hvd_reducer([flat_grads[i] for i in shared], [flat_sources[i] for i in shared])
+        for i, g in zip(shared, reduced):
+            flat_grads[i] = g
+        if self.scale_local_gradients and self._local_sources and self._hvd_reducer.active():
+            size = self._hvd_size()
+            for i, s in enumerate(flat_sources):
+                g = flat_grads[i]
+                if g is None or not self._is_local(s):
+                    continue
+                if isinstance(g, tf.IndexedSlices):
+                    flat_grads[i] = tf.IndexedSlices(g.values / tf.cast(size, g.values.dtype), g.indices,
+                                                     g.dense_shape)
+                else:
+                    flat_grads[i] = g / tf.cast(size, g.dtype)
+        return tf.nest.pack_sequence_as(grads, flat_grads)
+
+    def _is_local(self, source) -> bool:
+        return _var_key(source) in self._local_sources
+
+    def _hvd_size(self):
+        process_set = self._hvd_reducer.process_set
+        if self._hvd_reducer.active() and _elastic():
+            return size_op(process_set.process_set_id)
+        return process_set.size()
+
+
+def _elastic() -> bool:
+    from horovod.common import basics
+    return bool(basics.context().config.elastic)
+
+
+_TAPE_CLASSES: Dict[type, type] = {}
+
+
+def _distributed_class(base: type) -> type:
+    cls = _TAPE_CLASSES.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedGradientTape, base), {"__module__": base.__module__})
+        _TAPE_CLASSES[base] = cls
+    return cls
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                            sparse_as_dense=False, op=_c.Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """Wrap ``gradtape`` so that ``gradient()`` returns gradients reduced over the ranks of ``process_set``.
+
+    Args:
+        gradtape: the ``tf.GradientTape`` that recorded the forward pass (or will: the result is a tape too).
+        device_dense, device_sparse: accepted for compatibility; reductions run on the CPU.
+        compression: ``hvd.Compression.none``, ``fp16`` or ``bf16`` for the gradients on the wire.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors instead of gathering them.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``.
+        gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.
+        num_groups: deprecated; use ``groups``.
+        groups: an int n (fuse the gradients in n groups, in order) or a list of lists of variables.
+        process_set: the ranks that reduce their gradients.
+        scale_local_gradients: divide the gradients of local sources by the set's size.
+    Raises:
+        ValueError: ``gradient_predivide_factor`` with an op other than Average, or malformed ``groups``.
+    """
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    check_arguments(op, gradient_predivide_factor, groups)
+    cls = _distributed_class(type(gradtape))
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._hvd_reducer = GradientReducer("DistributedGradientTape", compression, sparse_as_dense, op,
+                                        gradient_predivide_factor, groups, process_set)
+    tape._local_sources = set()
+    tape.process_set = process_set
+    tape.scale_local_gradients = scale_local_gradients
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=_c.Average, gradient_predivide_factor=1.0,
+                                   num_groups=0, groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """A :func:`DistributedGradientTape` that keeps the gradients of ``local_layers``' trainable weights local.
+
+    Raises:
+        ValueError: ``local_layers`` holds something other than Keras layers.
+    """
+    import keras
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set,
+                                   scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
+    return tape
+
+
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]

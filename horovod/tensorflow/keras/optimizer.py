@@ -1,0 +1,224 @@
+"""The Keras 3 ``DistributedOptimizer``: any Keras optimizer, applying gradients reduced over the ranks.
+
+As in Horovod, the wrapper is a fresh instance of a subclass of the optimizer's class made from its config (the
+subclass keeps the class name and module, so a saved model names the original optimizer). ``apply`` (which
+``apply_gradients`` and ``model.fit`` call) reduces the gradients first, all in one op per step. With
+``backward_passes_per_step`` = n > 1, gradients are summed locally in accumulator variables for n calls; the n-th call
+reduces the sums (divided by n when ``average_aggregated_gradients``) and applies them; the other calls only count
+the step (``iterations`` advances every call, like Keras' own ``gradient_accumulation_steps``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict
+
+import keras
+import tensorflow as tf
+
+from horovod.common import collectives as _c
+from horovod.common.process_sets import global_process_set
+from horovod.tensorflow.compression import Compression
+from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments
+
+
+class _DistributedOptimizer:
+    """Mixin placed before the wrapped optimizer's class; see :func:`DistributedOptimizer`."""
+
+    _hvd_reducer = None  # set by _hvd_setup; an instance made from config alone gets the defaults
+
+    def _hvd_ensure(self) -> None:
+        if self._hvd_reducer is None:
+            self._hvd_setup(*_hvd_args(None, Compression.none, False, 1.0, _c.Average, 1, False, 0, None,
+                                       global_process_set, True))
+
+    def _hvd_setup(self, reducer: GradientReducer, backward_passes_per_step: int,
+                   average_aggregated_gradients: bool, scale_local_gradients: bool) -> None:
+        self._hvd_reducer = reducer
+        self._hvd_passes = backward_passes_per_step
+        self._hvd_average_aggregated = average_aggregated_gradients
+        self._hvd_scale_local = scale_local_gradients
+        self._hvd_local_vars = set()
+        self._hvd_accumulators = None
+        self._hvd_counter = None
+
+    @property
+    def process_set(self):
+        return self._hvd_reducer.process_set
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._hvd_passes
+
+    def register_local_var(self, var) -> None:
+        """Keep ``var``'s gradient local: it is not reduced (and is divided by the set's size when
+        ``scale_local_gradients``)."""
+        self._hvd_local_vars.add(_var_key(var))
+
+    def build(self, variables):
+        if self.built:
+            return
+        self._hvd_ensure()
+        super().build(variables)
+        if self._hvd_passes > 1:
+            self._hvd_accumulators = [self.add_variable_from_reference(v, name="hvd_accumulator")
+                                      for v in variables]
+            self._hvd_counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",
+                                                  name="hvd_counter")
+
+    def _hvd_reduce(self, grads, variables):
+        """Reduce the shared gradients; local ones are divided by the set's size (Horovod's rule)."""
+        grads = list(grads)
+        shared = [i for i, v in enumerate(variables) if _var_key(v) not in self._hvd_local_vars]
+        reduced = self._hvd_reducer([grads[i] for i in shared], [variables[i] for i in shared])
+        out = list(grads)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if self._hvd_local_vars and self._hvd_scale_local and self._hvd_reducer.active():
+            size = float(self.process_set.size())
+            for i, v in enumerate(variables):
+                if _var_key(v) in self._hvd_local_vars and out[i] is not None:
+                    g = out[i]
+                    out[i] = (tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
+                              if isinstance(g, tf.IndexedSlices) else g / size)
+        return out
+
+    def apply(self, grads, trainable_variables=None):
+        """Reduce ``grads`` over the process set, then apply them (every ``backward_passes_per_step`` calls)."""
+        self._hvd_ensure()
+        grads = list(grads)
+        if not grads:
+            return super().apply(grads, trainable_variables)
+        if trainable_variables is None:
+            variables = list(self._trainable_variables)
+        else:
+            trainable_variables = list(trainable_variables)
+            variables = trainable_variables
+            if not self.built:
+                with keras.name_scope(self.name, caller=self):
+                    self.build(variables)
+                self.built = True
+        if self._hvd_passes == 1:
+            return super().apply(self._hvd_reduce(grads, variables), trainable_variables)
+        return self._hvd_accumulate(grads, variables, trainable_variables)
+
+    def _hvd_accumulate(self, grads, variables, trainable_variables):
+        base_apply = super(_DistributedOptimizer, self).apply
+        accumulators = [self._hvd_accumulators[self._get_variable_index(v)] for v in variables]
+        for acc, g in zip(accumulators, grads):
+            if g is not None:
+                acc.assign_add(tf.convert_to_tensor(g))
+        count = self._hvd_counter.assign_add(1)
+
+        def apply_now():
+            summed = [None if g is None else tf.convert_to_tensor(acc) for acc, g in zip(accumulators, grads)]
+            if self._hvd_average_aggregated:
+                summed = [None if s is None else s / float(self._hvd_passes) for s in summed]
+            base_apply(self._hvd_reduce(summed, variables), trainable_variables)
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc))
+            self._hvd_counter.assign(0)
+            return tf.constant(True)
+
+        def count_only():
+            self._iterations.assign_add(1)
+            return tf.constant(False)
+        return tf.cond(count >= self._hvd_passes, apply_now, count_only)
+
+
+_CLASSES: Dict[type, type] = {}
+
+
+def wrap_optimizer_class(base: type) -> type:
+    """The distributed subclass of a Keras optimizer class (made once per class)."""
+    if issubclass(base, _DistributedOptimizer):
+        return base
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+        _CLASSES[base] = cls
+    return cls
+
+
+def _hvd_args(name, compression, sparse_as_dense, gradient_predivide_factor, op, backward_passes_per_step,
+              average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients):
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    check_arguments(op, gradient_predivide_factor, groups)
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == _c.Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
+    reducer = GradientReducer(name or "DistributedOptimizer", compression, sparse_as_dense, op,
+                              gradient_predivide_factor, groups, process_set)
+    return reducer, backward_passes_per_step, average_aggregated_gradients, scale_local_gradients
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=_c.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Wrap a Keras 3 optimizer so that it applies gradients reduced over the ranks of ``process_set``.
+
+    Args:
+        optimizer: any ``keras.optimizers.Optimizer`` (its config is copied; built state is copied too).
+        name: the prefix of the gradient reductions' names (default ``"DistributedOptimizer"``).
+        device_dense, device_sparse: accepted for compatibility; reductions run on the CPU.
+        compression: ``hvd.Compression.none``, ``fp16`` or ``bf16`` for the gradients on the wire.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients (embeddings) as dense tensors.
+        gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``.
+        backward_passes_per_step: calls accumulated locally before the gradients are reduced and applied.
+        average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step``.
+        num_groups: deprecated; use ``groups``.
+        groups: an int n (fuse the gradients in n groups, in order) or a list of lists of variables.
+        process_set: the ranks that reduce their gradients.
+        scale_local_gradients: divide the gradients of variables registered with ``register_local_var`` by the
+            set's size.
+    Raises:
+        ValueError: not a Keras optimizer, ``gradient_predivide_factor`` with an op other than Average,
+            ``backward_passes_per_step`` < 1, or malformed ``groups``.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"DistributedOptimizer needs a keras.optimizers.Optimizer, not {type(optimizer).__name__}")
+    args = _hvd_args(name, compression, sparse_as_dense, gradient_predivide_factor, op, backward_passes_per_step,
+                     average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients)
+    cls = wrap_optimizer_class(type(optimizer))
+    wrapped = cls.from_config(optimizer.get_config())
+    wrapped._hvd_setup(*args)
+    if optimizer.built:
+        wrapped.build(list(optimizer._trainable_variables))
+        for target, source in zip(wrapped.variables, optimizer.variables):
+            target.assign(source)
+    return wrapped
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=_c.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """A :func:`DistributedOptimizer` that keeps the gradients of ``local_layers``' trainable weights local.
+
+    Raises:
+        ValueError: ``local_layers`` holds something other than Keras layers.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                   gradient_predivide_factor, op, backward_passes_per_step,
+                                   average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            wrapped.register_local_var(var)
+    return wrapped
+
+
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "wrap_optimizer_class"]
