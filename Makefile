@@ -4,6 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel this project tests with.
+# The tensorflow extra is tensorflow-cpu + Keras 3 (about 30 s to install here); torch stays pinned in the same command.
 TORCH := torch==2.13.0
 DEMO := $(if $(wildcard examples/pytorch_digits.py),examples/pytorch_digits.py,examples/numpy_allreduce.py)
 
@@ -14,7 +15,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[test,examples]" $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[test,examples,tensorflow]" $(TORCH)
 	touch $@
 
 test: venv
