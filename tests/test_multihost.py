@@ -1,0 +1,189 @@
+"""Jobs on real hosts: network namespaces with their own address and a real sshd each (tier cli).
+
+One cluster for the module (:class:`horovod.testing.netns.NetnsCluster`): hosts A and B run sshd, host C refuses
+ssh (nothing listens on its port 22). The tests: a 2-host x 2-slot job over ssh with correct collectives, no process
+left on any host after it and the secret on no command line; hosts that refuse ssh or do not answer fail the start
+with their names within the start timeout; a host whose link goes down mid-job makes every survivor fail within the
+data-plane timeout.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from horovod.testing.fixtures import run_horovodrun
+from horovod.testing.netns import NetnsCluster, unavailable_reason
+
+pytestmark = pytest.mark.cli
+
+_REASON = unavailable_reason()
+if _REASON is not None:
+    pytest.skip(f"namespace test hosts unavailable: {_REASON}", allow_module_level=True)
+
+JOB = textwrap.dedent("""
+    import os, socket, sys, time
+    import numpy as np
+    import horovod.numpy as hvd
+    out = sys.argv[1]
+    hvd.init()
+    r, s = hvd.rank(), hvd.size()
+    total = hvd.allreduce(np.arange(6, dtype=np.float64) + r, op=hvd.Sum)
+    assert np.array_equal(total, np.arange(6) * s + sum(range(s))), total
+    avg = hvd.allreduce(np.full(3, float(r)))
+    assert np.allclose(avg, (s - 1) / 2), avg
+    gathered = hvd.allgather(np.full((r + 1, 2), r, dtype=np.int32))
+    assert gathered.tolist() == [[q, q] for q in range(s) for _ in range(q + 1)], gathered
+    print(f"OK rank={r} size={s} local={hvd.local_rank()}/{hvd.local_size()} "
+          f"cross={hvd.cross_rank()}/{hvd.cross_size()} host={os.environ['HOROVOD_HOSTNAME']} cwd={os.getcwd()}")
+    if r == 0:  # hold the job while the test looks for the secret in every process's command line
+        path = os.path.join(out, "secret")
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, os.environ["HOROVOD_SECRET_KEY"].encode()); os.close(fd); os.rename(path + ".tmp", path)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(out, "checked")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    hvd.barrier()
+    hvd.shutdown()
+""")
+
+LOOP = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import horovod.numpy as hvd
+    out = sys.argv[1]
+    hvd.init()
+    r = hvd.rank()
+    step = 0
+    try:
+        while True:
+            hvd.allreduce(np.ones(1000))
+            step += 1
+            if step == 3:
+                open(os.path.join(out, f"ready.{r}"), "w").close()
+            time.sleep(0.02)  # pacing only
+    except Exception as exc:
+        with open(os.path.join(out, f"error.{r}"), "w") as f:
+            f.write(f"{time.time()} {type(exc).__name__}: {exc}")
+        sys.exit(3)
+""")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with NetnsCluster(3, sshd_on=[True, True, False]) as made:
+        yield made
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.02)
+
+
+def _cmdlines():
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    yield int(pid), handle.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                pass
+
+
+def _launch(cluster, args, out_dir):
+    env = {**os.environ, **cluster.env(), "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    return subprocess.Popen([sys.executable, "-m", "horovod.runner", "-i", cluster.identity_file, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=out_dir,
+                            start_new_session=True)
+
+
+def _finish(proc, timeout):
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+
+
+def test_two_hosts_two_slots_over_ssh(cluster, tmp_path):
+    a, b = cluster.hosts[0], cluster.hosts[1]
+    (tmp_path / "job.py").write_text(JOB)
+    started = time.monotonic()
+    proc = _launch(cluster, ["-np", "4", "-H", f"{a.address}:2,{b.address}:2", sys.executable, "job.py",
+                             str(tmp_path)], tmp_path)
+    try:
+        _wait_for(lambda: (tmp_path / "secret").exists() or proc.poll() is not None, 60, "rank 0's secret file")
+        assert proc.poll() is None, proc.communicate()
+        secret = (tmp_path / "secret").read_text()
+        assert len(secret) == 64
+        leaks = [(pid, line[:200]) for pid, line in _cmdlines() if secret in line]
+        (tmp_path / "checked").touch()
+    finally:
+        out, err = _finish(proc, 60)
+    assert not leaks, f"the job secret is on a command line: {leaks}"
+    assert proc.returncode == 0, err
+    lines = sorted(line for line in out.splitlines() if "OK rank=" in line)
+    assert len(lines) == 4, out + err
+    expected = {0: (a, "0/2", "0/2"), 1: (a, "1/2", "0/2"), 2: (b, "0/2", "1/2"), 3: (b, "1/2", "1/2")}
+    for rank, (host, local, cross) in expected.items():
+        assert (f"[{rank}]<stdout>:OK rank={rank} size=4 local={local} cross={cross} host={host.address} "
+                f"cwd={tmp_path}") in lines, lines
+    print(f"2x2 job over ssh: {time.monotonic() - started:.1f} s")
+    for host in (a, b):  # nothing left running on any host
+        _wait_for(lambda: not cluster.worker_pids(host), 10, f"the processes on {host.address} to end")
+
+
+def test_hosts_refusing_ssh_are_named_within_start_timeout(cluster, tmp_path):
+    a, refusing = cluster.hosts[0], cluster.hosts[2]
+    silent = f"{cluster.subnet}.250"  # on the bridge's subnet, but nobody answers
+    started = time.monotonic()
+    result = run_horovodrun(["-np", "3", "-H", f"{a.address}:1,{refusing.address}:1,{silent}:1", "--start-timeout",
+                             "4", "-i", cluster.identity_file, sys.executable, "-c", "print('never')"],
+                            timeout=30, env=cluster.env(), cwd=str(tmp_path))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    assert "never" not in result.stdout
+    assert f"{refusing.address}: ssh failed: ssh: connect to host {refusing.address} port 22: Connection refused" \
+        in result.stderr, result.stderr
+    # ARP gets no answer: ssh reports "No route to host" after a few seconds, or the check's bound cuts it off.
+    assert (f"{silent}: no answer over ssh within 4 s" in result.stderr
+            or f"{silent}: ssh failed: ssh: connect to host {silent} port 22: No route to host" in result.stderr), \
+        result.stderr
+    assert f"{a.address}:" not in result.stderr.split("cannot start workers")[1]
+    assert elapsed < 4 + 6, f"took {elapsed:.1f} s with --start-timeout 4"
+    assert not cluster.worker_pids(a)
+
+
+def test_link_down_mid_job_fails_every_survivor_within_timeout(cluster, tmp_path):
+    a, b = cluster.hosts[0], cluster.hosts[1]
+    (tmp_path / "loop.py").write_text(LOOP)
+    timeout = 3.0
+    proc = _launch(cluster, ["-np", "4", "-H", f"{a.address}:2,{b.address}:2", "--gloo-timeout-seconds",
+                             str(timeout), sys.executable, "loop.py", str(tmp_path)], tmp_path)
+    try:
+        _wait_for(lambda: all((tmp_path / f"ready.{r}").exists() for r in range(4)) or proc.poll() is not None,
+                  60, "every rank to run allreduces")
+        assert proc.poll() is None, proc.communicate()
+        down_at = time.time()
+        cluster.set_link(b, up=False)
+        out, err = _finish(proc, timeout + 30)
+    finally:
+        cluster.set_link(b, up=True)
+        if proc.poll() is None:
+            _finish(proc, 1)
+    assert proc.returncode != 0
+    for rank in (0, 1):  # the survivors, on host A
+        path = tmp_path / f"error.{rank}"
+        assert path.exists(), f"rank {rank} did not report an error; launcher stderr:\n{err[-3000:]}"
+        when, message = path.read_text().split(" ", 1)
+        assert float(when) - down_at < timeout + 3, f"rank {rank} erred {float(when) - down_at:.1f} s after link down"
+        assert "HorovodInternalError" in message, message
+    # Host B's workers lost everyone; they fail by the same timeout and exit by themselves.
+    for host in (a, b):
+        _wait_for(lambda: not cluster.worker_pids(host), timeout + 15, f"the processes on {host.address} to end")
