@@ -25,6 +25,7 @@ from horovod.torch.mpi_ops import (allgather_async, allreduce_, allreduce_async,
                                    reducescatter_async, sparse_allreduce_async, synchronize)
 from horovod.torch.optimizer import DistributedOptimizer
 from horovod.torch.sync_batch_norm import SyncBatchNorm
+from horovod.torch import elastic  # noqa: E402 — hvd.elastic, as in Horovod
 
 __all__ = [
     # basics

@@ -44,3 +44,47 @@ def test_killed_worker_training_goes_on_and_its_host_returns_after_cooldown(elas
     returned = [k for k in finals if k.startswith("127.0.0.2.")]
     assert returned and returned[0] != victim[len("hold."):], "the blacklisted host did not come back"
     assert "host 127.0.0.2 is blacklisted for" in run.log()
+
+
+def test_added_host_joins_receives_the_state_and_trains_then_a_removed_host_leaves(elastic_run):
+    run = elastic_run(["127.0.0.1"], ["-np", "1", "--min-np", "1", "--max-np", "3"],
+                      {"ELASTIC_TEST_WAIT": "2@1,1@2"})
+    run.wait_for("waiting.2.*")
+    run.set_hosts(["127.0.0.1", "127.0.0.2"])
+    run.wait_for("waiting.1.*", count=2)
+    run.set_hosts(["127.0.0.1"])
+    assert run.finish() == 0, run.log()
+    finals = run.finals()
+    rank0 = check_history(finals, 4)
+    assert rank0["sizes"] == {"0": 1, "1": 2, "2": 1, "3": 1}, rank0
+    joined = [name for name in run.markers("batches.127.0.0.2.*")]
+    assert joined, "the added host never trained"
+    with open(os.path.join(run.dir, joined[0])) as handle:
+        epochs = {line.split()[0] for line in handle}
+    assert epochs == {"1"}, "the new worker did not start from the survivor's epoch"
+    log = run.log()
+    assert "hosts updated (added)" in log and "hosts updated (removed)" in log and "removed 127.0.0.2:0" in log
+    assert "ended with" not in log, "a worker failed: the removal was not graceful"
+
+
+def test_every_worker_failing_ends_the_job_with_the_reason(elastic_run):
+    run = elastic_run(["127.0.0.1", "127.0.0.2"], ["-np", "2", "--min-np", "1"], {"ELASTIC_TEST_FAIL_AT": "1"})
+    assert run.finish() == 1
+    log = run.log()
+    assert "failing on purpose" in log
+    assert "every worker of the elastic job failed" in log or "every host of the elastic job is blacklisted" in log
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--reset-limit", "0"], "number of resets during elastic job exceeded limit: 0"),
+    (["--min-np", "2", "--elastic-timeout", "1"], "Timed out waiting for minimum number of slots"),
+])
+def test_limits_end_the_job_with_their_message(elastic_run, flags, message):
+    run = elastic_run(["127.0.0.1", "127.0.0.2"], ["-np", "2", *flags] + ([] if "--min-np" in flags else
+                                                                           ["--min-np", "1"]),
+                      {"ELASTIC_TEST_HOLD": "0:1"})
+    held = run.wait_for("hold.*", count=2)
+    os.kill(int([n for n in held if n.startswith("hold.127.0.0.2.")][0].rsplit(".", 1)[1]), signal.SIGKILL)
+    run.release()
+    assert run.finish() == 1
+    assert message in run.log()
