@@ -28,15 +28,18 @@ _counter_lock = threading.Lock()
 _group_ids = itertools.count()
 
 
-def _auto_name(prefix: str) -> str:
-    """Unnamed tensors are numbered per op in submission order, which must match across ranks (as in Horovod)."""
+def _auto_name(prefix: str, process_set: Optional[ProcessSet] = None) -> str:
+    """Unnamed tensors are numbered per op and process set in submission order, which must match across the set's
+    ranks (as in Horovod). Counting per set keeps ops on a subset from shifting the numbers of everybody else's."""
+    set_id = (process_set or global_process_set).process_set_id or 0
+    key = prefix if set_id == 0 else f"{prefix}.ps{set_id}"
     with _counter_lock:
-        counter = _counters.setdefault(prefix, itertools.count())
-        return f"{prefix}.noname.{next(counter)}"
+        counter = _counters.setdefault(key, itertools.count())
+        return f"{key}.noname.{next(counter)}"
 
 
-def _name(prefix: str, name: Optional[str]) -> str:
-    return f"{prefix}.{name}" if name else _auto_name(prefix)
+def _name(prefix: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
+    return f"{prefix}.{name}" if name else _auto_name(prefix, process_set)
 
 
 def resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
@@ -115,8 +118,8 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
         raise ValueError("boolean tensors cannot be averaged or scaled; use op=hvd.Sum, Min or Max")
     if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
         raise ValueError(f"allreduce output must be contiguous with shape {array.shape}")
-    request = Request(_full_name or _name("allreduce", name), OpType.ALLREDUCE, dtype, tuple(array.shape),
-                      int(reduce_op), float(prescale_factor), float(postscale_factor), group=_group,
+    request = Request(_full_name or _name("allreduce", name, process_set), OpType.ALLREDUCE, dtype,
+                      tuple(array.shape), int(reduce_op), float(prescale_factor), float(postscale_factor), group=_group,
                       payload=(_group_size,) if _group >= 0 else None)
     return basics.engine().submit(request, array, output, set_id)
 
@@ -133,7 +136,7 @@ def grouped_allreduce_async(arrays: Sequence[np.ndarray], name: Optional[str] = 
     """Allreduce a list of arrays as one group: negotiated together and fused together."""
     reduce_op = resolve_op(op, average)
     n = len(arrays)
-    base = name if name else _auto_name("grouped_allreduce")
+    base = name if name else _auto_name("grouped_allreduce", process_set)
     base = base if not name else f"grouped_allreduce.{name}"
     group = next(_group_ids)
     handles = [allreduce_async(a, op=reduce_op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -154,8 +157,8 @@ def allgather_async(array: np.ndarray, name: Optional[str] = None, process_set: 
     array = _contiguous(np.asarray(array))
     if array.ndim == 0:
         array = array.reshape(1)
-    request = Request(_full_name or _name("allgather", name), OpType.ALLGATHER, _dtype(array, dtype),
-                      tuple(array.shape), group=_group, payload=(_group_size,) if _group >= 0 else None)
+    request = Request(_full_name or _name("allgather", name, process_set), OpType.ALLGATHER,
+                      _dtype(array, dtype), tuple(array.shape), group=_group, payload=(_group_size,) if _group >= 0 else None)
     return basics.engine().submit(request, array, None, set_id)
 
 
@@ -167,7 +170,7 @@ def grouped_allgather_async(arrays: Sequence[np.ndarray], name: Optional[str] = 
                             process_set: ProcessSet = global_process_set,
                             dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
     n = len(arrays)
-    base = f"grouped_allgather.{name}" if name else _auto_name("grouped_allgather")
+    base = f"grouped_allgather.{name}" if name else _auto_name("grouped_allgather", process_set)
     group = next(_group_ids)
     handles = [allgather_async(a, process_set=process_set, dtype=dtypes[i] if dtypes else None,
                                _full_name=f"{base}_{i + 1}of{n}", _group=group, _group_size=n)
@@ -188,8 +191,8 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: Optional[str] = Non
     array = _contiguous(np.asarray(array))
     if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
         raise ValueError(f"broadcast output must be contiguous with shape {array.shape}")
-    request = Request(_name("broadcast", name), OpType.BROADCAST, _dtype(array, dtype), tuple(array.shape),
-                      root_rank=int(root_rank))
+    request = Request(_name("broadcast", name, process_set), OpType.BROADCAST, _dtype(array, dtype),
+                      tuple(array.shape), root_rank=int(root_rank))
     return basics.engine().submit(request, array, output, set_id)
 
 
@@ -220,8 +223,8 @@ def alltoall_async(array: np.ndarray, splits=None, name: Optional[str] = None,
     if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != array.shape[0]:
         raise ValueError(f"alltoall splits {list(splits)} must hold {size} non-negative values summing to the first "
                          f"dimension {array.shape[0]}")
-    request = Request(_name("alltoall", name), OpType.ALLTOALL, _dtype(array, dtype), tuple(array.shape),
-                      splits=splits)
+    request = Request(_name("alltoall", name, process_set), OpType.ALLTOALL, _dtype(array, dtype),
+                      tuple(array.shape), splits=splits)
     return basics.engine().submit(request, array, None, set_id)
 
 
@@ -248,7 +251,7 @@ def reducescatter_async(array: np.ndarray, name: Optional[str] = None, op: int =
     dtype = _dtype(array, dtype)
     if dtype == "bool":
         raise ValueError("reducescatter does not support boolean tensors")
-    request = Request(_full_name or _name("reducescatter", name), OpType.REDUCESCATTER, dtype,
+    request = Request(_full_name or _name("reducescatter", name, process_set), OpType.REDUCESCATTER, dtype,
                       tuple(array.shape), int(op), float(prescale_factor), float(postscale_factor), group=_group,
                       payload=(_group_size,) if _group >= 0 else None)
     return basics.engine().submit(request, array, None, set_id)
@@ -263,7 +266,7 @@ def grouped_reducescatter_async(arrays: Sequence[np.ndarray], name: Optional[str
                                 postscale_factor: float = 1.0,
                                 dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
     n = len(arrays)
-    base = f"grouped_reducescatter.{name}" if name else _auto_name("grouped_reducescatter")
+    base = f"grouped_reducescatter.{name}" if name else _auto_name("grouped_reducescatter", process_set)
     group = next(_group_ids)
     handles = [reducescatter_async(a, op=op, process_set=process_set, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, dtype=dtypes[i] if dtypes else None,
@@ -277,7 +280,7 @@ def grouped_reducescatter_async(arrays: Sequence[np.ndarray], name: Optional[str
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the set reaches the barrier."""
     set_id = _set_id(process_set)
-    basics.engine().submit(Request(_auto_name("barrier"), OpType.BARRIER, "uint8", ()), None, None,
+    basics.engine().submit(Request(_auto_name("barrier", process_set), OpType.BARRIER, "uint8", ()), None, None,
                            set_id).result()
 
 
