@@ -62,7 +62,7 @@ def test_worker_dying_without_result():
 @pytest.mark.parametrize("kwargs, error", [
     ({"hosts": "localhost:1", "hostfile": "f"}, ValueError),
     ({"use_gloo": True, "use_mpi": True}, ValueError),
-    ({"min_np": 1}, NotAvailableYetError),
+    ({"min_np": 3, "max_np": 2}, ValueError),
     ({"use_mpi": True}, NotAvailableYetError),
     ({"hosts": "no-such-host.invalid:2"}, ValueError),  # does not resolve (NetworkError)
     ({"np": 3, "hosts": "localhost:2"}, ValueError),

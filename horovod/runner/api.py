@@ -104,8 +104,9 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
         executable: the Python interpreter of the workers (default: this one).
         network_interface, network_interfaces: interface(s) for the data plane.
         disable_cache: accepted for compatibility.
-        min_num_proc, max_num_proc, min_np, max_np, slots, reset_limit, cooldown_range, host_discovery_script,
-            use_mpi, mpi_args: elastic and MPI jobs, not available yet.
+        min_np/min_num_proc, max_np/max_num_proc, slots, reset_limit, cooldown_range, host_discovery_script:
+            an elastic job (any of min/max/discovery script); its result is the final round's workers' values.
+        use_mpi, mpi_args: MPI jobs, not available yet.
 
     Returns:
         The list of ``func``'s return values, by rank.
@@ -120,10 +121,17 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
         raise ValueError("arguments hosts and hostfile are mutually exclusive")
     if use_gloo and use_mpi:
         raise ValueError("arguments use_gloo and use_mpi are mutually exclusive")
-    if any(v is not None for v in (min_num_proc, max_num_proc, min_np, max_np, host_discovery_script)):
-        raise NotAvailableYetError("elastic horovod.run (min_np/max_np/host_discovery_script) is not available yet")
     if use_mpi or mpi_args:
         raise NotAvailableYetError("the MPI controller (use_mpi/mpi_args) is not available yet")
+    if any(v is not None for v in (min_num_proc, max_num_proc, min_np, max_np, host_discovery_script)):
+        from horovod.runner.elastic.api import run_elastic
+        return run_elastic(func, args, kwargs, np=num_proc if num_proc is not None else np,
+                           min_np=min_np if min_np is not None else min_num_proc,
+                           max_np=max_np if max_np is not None else max_num_proc, slots=slots,
+                           reset_limit=reset_limit, cooldown_range=cooldown_range, hosts=hosts, hostfile=hostfile,
+                           host_discovery_script=host_discovery_script, start_timeout=start_timeout,
+                           executable=executable, extra_env=package_pythonpath(include_caller_path=True),
+                           prefix_output_with_timestamp=prefix_output_with_timestamp)
     num_proc = num_proc if num_proc is not None else np
     host_list: List[HostInfo] = resolve_hosts(num_proc or 1, hosts, hostfile)
     if num_proc is None:

@@ -88,3 +88,27 @@ def test_limits_end_the_job_with_their_message(elastic_run, flags, message):
     run.release()
     assert run.finish() == 1
     assert message in run.log()
+
+
+def _elastic_task(out_dir):
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from horovod import elastic
+    hvd.init()
+    state = elastic.ObjectState(lambda obj: hvd.broadcast_object(obj, 0), hvd.rank, step=0)
+
+    @elastic.run
+    def train(state):
+        while state.step < 3:
+            hvd.allreduce(np.ones(2), name="x")
+            state.step += 1
+            state.commit()
+        return hvd.rank(), hvd.size(), state.step
+    return train(state)
+
+
+def test_horovod_run_with_min_np_runs_elastically(tmp_path):
+    import horovod
+    results = horovod.run(_elastic_task, args=(str(tmp_path),), np=2, min_np=1, hosts="127.0.0.1:1,127.0.0.2:1")
+    assert results == [(0, 2, 3), (1, 2, 3)]
