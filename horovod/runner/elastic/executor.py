@@ -13,7 +13,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import IO, Callable, Dict, List, Mapping, Tuple
 
 from horovod.elastic.protocol import slot_key
 from horovod.runner.hosts import SlotInfo, is_local_host

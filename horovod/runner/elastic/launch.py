@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import threading
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TextIO, Tuple
 
