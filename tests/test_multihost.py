@@ -1,8 +1,8 @@
 """Jobs on real hosts: network namespaces with their own address and a real sshd each (tier cli).
 
 One cluster for the module (:class:`horovod.testing.netns.NetnsCluster`): hosts A and B run sshd, host C refuses
-ssh (nothing listens on its port 22). The tests: a 2-host x 2-slot job over ssh with correct collectives, no process
-left on any host after it and the secret on no command line; hosts that refuse ssh or do not answer fail the start
+ssh (nothing listens on its port 22). The tests: a 2-host x 2-slot job over ssh with correct collectives (flat and
+hierarchical allreduce), no process left on any host after it and the secret on no command line; hosts that refuse ssh or do not answer fail the start
 with their names within the start timeout; a host whose link goes down mid-job makes every survivor fail within the
 data-plane timeout.
 """
@@ -111,11 +111,12 @@ def _finish(proc, timeout):
             proc.communicate()
 
 
-def test_two_hosts_two_slots_over_ssh(cluster, tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--hierarchical-allreduce"]], ids=["flat", "hierarchical"])
+def test_two_hosts_two_slots_over_ssh(cluster, tmp_path, flags):
     a, b = cluster.hosts[0], cluster.hosts[1]
     (tmp_path / "job.py").write_text(JOB)
     started = time.monotonic()
-    proc = _launch(cluster, ["-np", "4", "-H", f"{a.address}:2,{b.address}:2", sys.executable, "job.py",
+    proc = _launch(cluster, ["-np", "4", "-H", f"{a.address}:2,{b.address}:2", *flags, sys.executable, "job.py",
                              str(tmp_path)], tmp_path)
     try:
         _wait_for(lambda: (tmp_path / "secret").exists() or proc.poll() is not None, 60, "rank 0's secret file")
