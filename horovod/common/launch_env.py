@@ -115,7 +115,7 @@ _served: Dict[Tuple[str, int], object] = {}  # rank 0's rendezvous servers, kept
 def _serve(addr: str, port: int, secret: bytes) -> None:
     if (addr, port) in _served:
         return
-    from horovod.runner.rendezvous import RendezvousServer  # rank 0 hosts the store; no other worker imports it
+    from horovod.common.rendezvous_server import RendezvousServer  # rank 0 hosts the store
     try:
         bind = socket.gethostbyname(addr)
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""Client of the rendezvous service (see :mod:`horovod.runner.rendezvous` for the protocol) and request signing.
+"""Client of the rendezvous service (see :mod:`horovod.common.rendezvous_server` for the protocol) and request signing.
 
 Workers use it to publish and find data-plane addresses; it lives in ``common`` because workers never import the
 runner.
