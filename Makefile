@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 DEMO := $(if $(wildcard examples/pytorch_digits.py),examples/pytorch_digits.py,examples/numpy_allreduce.py)
 
-.PHONY: venv test demo clean
+.PHONY: venv test demo clean sysdeps
 
 venv: $(VENV)/.installed
 
@@ -18,7 +18,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[test,examples,tensorflow]" $(TORCH)
 	touch $@
 
-test: venv
+sysdeps:
+	bash scripts/system-deps.sh
+
+test: venv sysdeps
 	$(BIN)/python -m pytest -q tests
 
 demo: venv
