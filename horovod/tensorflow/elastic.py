@@ -48,6 +48,9 @@ class _VariablesState(ObjectState):
         variables = self._variables()
         if variables:
             broadcast_variables(variables, root_rank=0)
+            # The synced values are what a failure before the next commit returns to (as ObjectState's sync
+            # replaces its saved attributes with rank 0's), so every rank restores the same state.
+            self._saved_values = [np.array(v.numpy(), copy=True) for v in variables]
         super().sync()
 
 

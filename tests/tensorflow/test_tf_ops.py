@@ -13,7 +13,10 @@ import pytest
 from horovod.testing import spawn_ranks
 
 WORLD = 2
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+# A check failing on one rank leaves the other waiting in a collective: the stall shutdown turns that wait into an
+# error within seconds, so the failure is reported instead of a timeout.
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5",
+          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "15"}
 
 
 def data(rank, shape, dtype="float32", salt=0):

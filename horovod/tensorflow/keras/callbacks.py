@@ -26,8 +26,8 @@ def _optimizer_variables(optimizer):
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Broadcast the model's and the optimizer's variables from ``root_rank`` before the first step (or, for an
-    optimizer built lazily, after the first batch), so every rank trains from the same state.
+    """Broadcast the model's and the optimizer's variables from ``root_rank`` before the first step (or, for a
+    model built lazily by its first batch, after that batch), so every rank trains from the same state.
 
     Args:
         root_rank: the rank whose variables everyone receives.
@@ -54,6 +54,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None and not optimizer.built and self.model.built:
+            # Keras builds the optimizer on the first step otherwise: build it now (on the same variables) so that
+            # the first step already starts from root_rank's weights and optimizer state.
+            optimizer.build(self.model.trainable_variables)
         if not self.broadcast_done and (optimizer is None or optimizer.built):
             self._broadcast()
 
