@@ -14,6 +14,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
 _SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
               tf.float64, tf.bool)
 
@@ -42,6 +44,20 @@ def from_core(array: np.ndarray, dtype: tf.DType) -> np.ndarray:
     return array.astype(dtype.as_numpy_dtype, copy=False)
 
 
+# Written by the TensorFlow thread that ran the op, read by the caller's thread: a plain shared cell.
+_last_graph_error: list = [None]
+
+
+def take_graph_error() -> Optional[BaseException]:
+    """The Horovod error behind the last ``tf.errors.OpError`` raised by a graph op of this binding (then cleared).
+
+    Inside a graph TensorFlow turns a Python exception into an ``OpError``; elastic training needs the original
+    :class:`HorovodInternalError` / :class:`HostsUpdatedInterrupt` to decide between restoring and keeping state.
+    """
+    error, _last_graph_error[0] = _last_graph_error[0], None
+    return error
+
+
 def executing_eagerly() -> bool:
     return tf.executing_eagerly()
 
@@ -61,7 +77,11 @@ def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: 
     touts = list(touts)
 
     def call(*arrays):
-        outputs = fn(*arrays)
+        try:
+            outputs = fn(*arrays)
+        except (HorovodInternalError, HostsUpdatedInterrupt) as error:
+            _last_graph_error[0] = error   # TensorFlow re-raises it as an OpError; see take_graph_error
+            raise
         return [from_core(o, t) for o, t in zip(outputs, touts)]
 
     if tf.executing_eagerly():

@@ -8,19 +8,36 @@ trainable variables first, so every rank broadcasts the same list.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+import functools
+from typing import Any, List
 
 import numpy as np
+import tensorflow as tf
 
 from horovod.common import basics
 from horovod.elastic import ObjectState, reset_horovod, run_fn
+from horovod.tensorflow._tensors import take_graph_error
 from horovod.tensorflow.functions import broadcast_object, broadcast_variables
 
 
 def run(func):
     """``@hvd.elastic.run``: call ``func(state, ...)`` again after a failure or a membership change, with Horovod
-    re-initialised and the state restored (failure) or kept (host update), then synced from rank 0."""
-    return run_fn(func, reset_horovod)
+    re-initialised and the state restored (failure) or kept (host update), then synced from rank 0.
+
+    A Horovod error raised inside a ``tf.function`` (Keras ``fit``) reaches Python as a ``tf.errors.OpError``;
+    it is turned back into the Horovod error so that the loop can tell a failure from a host update.
+    """
+    @functools.wraps(func)
+    def unwrapped_errors(state, *args, **kwargs):
+        take_graph_error()
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.OpError as error:
+            original = take_graph_error()
+            if original is None:
+                raise
+            raise original from error
+    return run_fn(unwrapped_errors, reset_horovod)
 
 
 class _VariablesState(ObjectState):
