@@ -9,7 +9,6 @@ thread would. ``groups`` become grouped allreduces; ``tf.IndexedSlices`` are gat
 
 from __future__ import annotations
 
-import itertools
 from typing import List, Optional, Sequence
 
 import tensorflow as tf
@@ -66,8 +65,6 @@ def _group_indices(groups, variables: Sequence) -> List[List[int]]:
 
 class GradientReducer:
     """Reduces gradients over ``process_set`` with Horovod's options (see ``DistributedGradientTape``)."""
-
-    _instances = itertools.count()
 
     def __init__(self, name: str, compression=Compression.none, sparse_as_dense: bool = False,
                  op=_c.Average, gradient_predivide_factor: float = 1.0, groups=None,
