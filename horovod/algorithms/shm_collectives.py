@@ -15,7 +15,7 @@ import numpy as np
 
 from horovod.algorithms.group import Group, segment_bounds
 
-CHUNK_BYTES = 1 << 20   # small enough to stay in cache between a rank writing a chunk and its peers reading it
+CHUNK_BYTES = 16 << 20
 
 
 def _half(group: Group, position: int, half: int, dtype, count: int) -> np.ndarray:

@@ -184,16 +184,6 @@ class TcpTransport:
         """The connection's file descriptor, for waiting on several peers at once."""
         return self._sock(peer).fileno()
 
-    def peer_closed(self, peer: int) -> bool:
-        """True when ``peer`` closed its end (checked without consuming anything)."""
-        sock = self._sock(peer)
-        try:
-            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            return True
-
     def send(self, peer: int, data) -> None:
         sock = self._sock(peer)
         try:
