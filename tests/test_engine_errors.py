@@ -143,7 +143,9 @@ except HorovodInternalError as exc:
 
 
 @pytest.mark.ranks
-def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path):
+@pytest.mark.parametrize("transport_env", [{"HOROVOD_SHM_DISABLE": "1"}, {"HOROVOD_SHM_MIN_BYTES": "0"}],
+                         ids=["tcp", "shm"])
+def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path, transport_env):
     from horovod.common.rendezvous_client import make_secret
     from horovod.runner.rendezvous import RendezvousServer
     from horovod.runner.launch import package_pythonpath
@@ -156,7 +158,7 @@ def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path):
             for rank in range(3):
                 env = dict(os.environ, **package_pythonpath(), HOROVOD_RANK=str(rank), HOROVOD_SIZE="3",
                            HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1", HOROVOD_GLOO_RENDEZVOUS_PORT=str(server.port),
-                           HOROVOD_SECRET_KEY=secret.hex(), HOROVOD_GLOO_TIMEOUT_SECONDS="30")
+                           HOROVOD_SECRET_KEY=secret.hex(), HOROVOD_GLOO_TIMEOUT_SECONDS="30", **transport_env)
                 procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True))
             outputs = [p.communicate(timeout=60)[0] for p in procs]
