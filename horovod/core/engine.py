@@ -39,6 +39,10 @@ _GO = ("go",)
 _IDLE, _PENDING, _NEW = 0, 1, 2   # how urgently a rank needs a cycle
 
 
+def _is_early_message(frame) -> bool:
+    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "msg"
+
+
 def _is_want(frame) -> bool:
     return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] in (_PENDING, _NEW)
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
@@ -129,6 +133,8 @@ class Engine:
         self._buffers = Buffers()
         self._joined = False
         self._next_set_id = 1
+        self._presented = False                 # a follower sent its global-set message before the cycle started
+        self._early: Dict[int, tuple] = {}      # rank 0: those messages, by rank, until the cycle reads them
         self.cycle_time = config.cycle_time / 1000.0
         self.on_process_sets_changed: Optional[Callable[[int, Optional[Tuple[int, ...]]], None]] = None
 
@@ -293,7 +299,13 @@ class Engine:
         while True:
             work = self._work()
             if work > asked:
-                self.transport.send_obj(0, ("want", work))
+                if work == _NEW and not self._presented:
+                    # Send the global set's message for the next cycle right away instead of asking for a cycle
+                    # and then sending it: one network hop less before rank 0 can answer.
+                    self.transport.send_obj(0, ("msg", self._message(self._sets[0], self._shutdown)))
+                    self._presented = True
+                else:
+                    self.transport.send_obj(0, ("want", work))
                 asked = work
             readable, _, _ = select.select([self._wake_r, coordinator_fd], [], [])
             if self._wake_r in readable:
@@ -307,18 +319,31 @@ class Engine:
                 if self._cycle():
                     return
 
-    def _recv_message(self, peer: int):
+    def _recv_message(self, state: _SetState, peer: int):
         """The next negotiation message from ``peer``, skipping cycle requests that this cycle already answers."""
+        if state.id == 0 and peer in self._early:
+            return self._early.pop(peer)
         while True:
             frame = self.transport.recv_obj(peer)
+            if _is_early_message(frame):
+                return frame[1]
             if not _is_want(frame):
                 return frame
 
     def _expect_want(self, peer: int) -> int:
+        """Read what an idle rank sent: a cycle request, or its global-set message for the next cycle."""
         frame = self.transport.recv_obj(peer)
+        if _is_early_message(frame):
+            self._early[peer] = frame[1]
+            return _NEW
         if not _is_want(frame):
             raise HorovodInternalError(f"rank 0 expected a cycle request from rank {peer}, got {frame!r:.100}")
         return frame[1]
+
+    @staticmethod
+    def _message(state: _SetState, shutdown: bool) -> tuple:
+        hits, full = split_hits(state.cache, state.last_requests, state.drain())
+        return (shutdown, hits, [r.to_wire() for r in full])
 
     def _fail_all(self, message: str) -> None:
         for state in self._sets.values():
@@ -342,12 +367,12 @@ class Engine:
         return False
 
     def _negotiate(self, state: _SetState, shutdown: bool) -> Tuple[bool, List[List[Response]]]:
-        hits, full = split_hits(state.cache, state.last_requests, state.drain())
         transport = self.transport
         if state.coordinator is not None:
+            hits, full = split_hits(state.cache, state.last_requests, state.drain())
             messages = [Message(shutdown, tuple(hits), tuple(full))]
             for peer in state.ranks[1:]:
-                messages.append(_decode_message(self._recv_message(peer)))
+                messages.append(_decode_message(self._recv_message(state, peer)))
             now = time.monotonic()
             batches, stop, reports = state.coordinator.step(messages, now)
             for report in reports:
@@ -362,7 +387,10 @@ class Engine:
                 transport.send_obj(peer, (stop, encoded))
             return stop, batches
         coordinator = state.ranks[0]
-        transport.send_obj(coordinator, (shutdown, hits, [r.to_wire() for r in full]))
+        if state.id == 0 and self._presented:
+            self._presented = False          # this cycle answers the message we sent while idle
+        else:
+            transport.send_obj(coordinator, self._message(state, shutdown))
         reply = transport.recv_obj(coordinator)
         if not (isinstance(reply, tuple) and len(reply) == 2 and isinstance(reply[1], list)):
             raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
