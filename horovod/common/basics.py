@@ -22,15 +22,18 @@ NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 @dataclasses.dataclass
 class _Context:
     config: object
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
+    topo: object          # horovod.common.topology.Topology: this worker's place in the job
     engine: object
     dynamic_sets: bool
     timeline: object = None
+
+    @property
+    def rank(self) -> int:
+        return self.topo.rank
+
+    @property
+    def size(self) -> int:
+        return self.topo.size
 
 
 _context: Optional[_Context] = None
@@ -103,8 +106,7 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
             engine.add_static_set(index, ps.ranks)
             ps.process_set_id = index
         engine.start()
-        _context = _Context(config, rank, size, topo.local_rank, topo.local_size, topo.cross_rank,
-                            topo.cross_size, engine, bool(config.dynamic_process_sets), timeline)
+        _context = _Context(config, topo, engine, bool(config.dynamic_process_sets), timeline)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -135,25 +137,25 @@ def rank() -> int:
 
 
 def local_size() -> int:
-    return _require().local_size
+    return _require().topo.local_size
 
 
 def local_rank() -> int:
-    return _require().local_rank
+    return _require().topo.local_rank
 
 
 def cross_size() -> int:
-    return _require().cross_size
+    return _require().topo.cross_size
 
 
 def cross_rank() -> int:
-    return _require().cross_rank
+    return _require().topo.cross_rank
 
 
 def is_homogeneous() -> bool:
     """True when every host runs the same number of ranks."""
     ctx = _require()
-    return ctx.size == ctx.local_size * ctx.cross_size
+    return ctx.size == ctx.topo.local_size * ctx.topo.cross_size
 
 
 def engine():
