@@ -91,6 +91,8 @@ def tables(results, np_):
     impls = list(results)
     lines = []
     for op in ["allreduce", "allgather", "broadcast"]:
+        if not any(r["op"] == op for r in results[impls[0]]):
+            continue
         lines.append(f"\n### {op}, float32, {np_} ranks: time per op and bus bandwidth (GB/s)\n")
         lines.append("| size | " + " | ".join(f"{i} time | {i} busbw" for i in impls) +
                      (" | busbw horovod-py / " + " | busbw horovod-py / ".join(impls[1:]) if len(impls) > 1 else "")
@@ -107,12 +109,14 @@ def tables(results, np_):
                 cells += [f"{r['seconds'] * 1e6:.0f} us", f"{bw:.3f}"]
             cells += [f"{bws[0] / b:.2f}x" for b in bws[1:]]
             lines.append("| " + " | ".join(cells) + " |")
-    lines.append(f"\n### {workers.STEP_TENSORS} × {workers.STEP_BYTES // 1024} KiB allreduces, one step, {np_} ranks\n")
-    steps = {i: next(r for r in results[i] if r["op"] == "step")["seconds"] for i in impls}
-    lines.append("| implementation | step time | speed-up of horovod-py |")
-    lines.append("|---|---|---|")
-    for i in impls:
-        lines.append(f"| {i} | {steps[i] * 1e3:.2f} ms | {steps[i] / steps[impls[0]]:.2f}x |")
+    steps = {i: r["seconds"] for i in impls for r in results[i] if r["op"] == "step"}
+    if len(steps) == len(impls):
+        lines.append(f"\n### {workers.STEP_TENSORS} × {workers.STEP_BYTES // 1024} KiB allreduces, one step, "
+                     f"{np_} ranks\n")
+        lines.append("| implementation | step time | speed-up of horovod-py |")
+        lines.append("|---|---|---|")
+        for i in impls:
+            lines.append(f"| {i} | {steps[i] * 1e3:.2f} ms | {steps[i] / steps[impls[0]]:.2f}x |")
     return "\n".join(lines)
 
 
