@@ -8,29 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface: ``compress`` before the collective, ``decompress`` after it."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """No compression."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from horovod.common.compression import Compressor, NoneCompressor
 
 
 def _cast_compressor(name: str, wire_dtype: tf.DType, doc: str):

@@ -8,29 +8,7 @@ from __future__ import annotations
 
 import torch
 
-
-class Compressor:
-    """Interface: ``compress`` before the collective, ``decompress`` after it."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """No compression."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from horovod.common.compression import Compressor, NoneCompressor
 
 
 def _cast_compressor(wire_dtype: torch.dtype, doc: str):
