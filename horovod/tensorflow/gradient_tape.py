@@ -16,7 +16,7 @@ import tensorflow as tf
 from horovod.common import collectives as _c
 from horovod.common.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments
+from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments, local_layer_list
 from horovod.tensorflow.mpi_ops import size_op
 
 
@@ -120,13 +120,7 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
     Raises:
         ValueError: ``local_layers`` holds something other than Keras layers.
     """
-    import keras
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    local_layers = local_layer_list(local_layers)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
                                    scale_local_gradients)

@@ -33,6 +33,22 @@ def check_arguments(op, gradient_predivide_factor, groups) -> None:
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
 
 
+def local_layer_list(local_layers) -> list:
+    """``local_layers`` as a list of Keras layers (None, one layer, or a sequence of layers).
+
+    Raises:
+        ValueError: it holds something other than Keras layers.
+    """
+    import keras
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    return list(local_layers)
+
+
 def _var_key(variable):
     return variable.ref() if hasattr(variable, "ref") else id(variable)
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 from horovod.common import collectives as _c
 from horovod.common.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments
+from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments, local_layer_list
 
 
 class _DistributedOptimizer:
@@ -206,12 +206,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     Raises:
         ValueError: ``local_layers`` holds something other than Keras layers.
     """
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    local_layers = local_layer_list(local_layers)
     wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                    gradient_predivide_factor, op, backward_passes_per_step,
                                    average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
