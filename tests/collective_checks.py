@@ -144,7 +144,8 @@ def check_broadcast(c):
     n, me = hvd.size(), hvd.rank()
     for root in range(n):
         for dtype in DTYPES + ["bool"]:
-            for shape in [(), (0,), (5,), (300_000,), (2, 3)]:
+            # 262_394 float32 = 1 MiB + 1000 B: a chunked broadcast with a small tail
+            for shape in [(), (0,), (5,), (300_000,), (262_394,), (2, 3)]:
                 x = make(dtype, shape, me, root)
                 extra = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
                 got = hvd.broadcast(x, root_rank=root, name=f"bc.{root}.{dtype}.{shape}", **extra)

@@ -31,8 +31,23 @@ def _mismatches():
             errors[case] = None
         except TensorMismatchError as exc:
             errors[case] = str(exc)
-    # A mismatch is not fatal: the job goes on.
+    # A mismatch is not fatal: the job goes on, and the same names work again once the ranks agree (the response
+    # cache must not remember the failed request).
     after = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after").tolist()
+    for _ in range(2):
+        again = [hvd.allreduce(np.ones(3), op=hvd.Sum, name=case).tolist() for case in ("shape", "dtype", "op")]
+    # One bad tensor in a group fails the whole group on every rank instead of leaving its partners waiting.
+    group_errors = []
+    try:
+        hvd.grouped_allreduce([np.ones(2), np.ones(2 + me)], name="grp")
+    except TensorMismatchError as exc:
+        group_errors.append(str(exc))
+    handles = hvd.grouped_allreduce_async([np.ones(2), np.ones(2 + me)], name="grp2").handles
+    for h in handles:
+        try:
+            h.result(timeout=30)
+        except TensorMismatchError as exc:
+            group_errors.append(str(exc))
     handle = hvd.allreduce_async(np.ones(2), name="dup")
     try:
         hvd.allreduce_async(np.ones(2), name="dup")
@@ -41,12 +56,12 @@ def _mismatches():
         duplicate = str(exc)
     handle.result()
     hvd.shutdown()
-    return errors, after, duplicate
+    return errors, after, duplicate, again, group_errors
 
 
 @pytest.mark.ranks
 def test_mismatches_fail_on_every_rank_and_job_goes_on():
-    for rank, (errors, after, duplicate) in enumerate(spawn_ranks(_mismatches, 2, timeout=60)):
+    for rank, (errors, after, duplicate, again, group_errors) in enumerate(spawn_ranks(_mismatches, 2, timeout=60)):
         for case, text in errors.items():
             assert text is not None, f"rank {rank}: no error for mismatched {case}"
             assert "rank 0" in text and "rank 1" in text and f"'{'broadcast' if case == 'root' else 'allreduce'}.{case}'" in text
@@ -54,7 +69,9 @@ def test_mismatches_fail_on_every_rank_and_job_goes_on():
         assert "float32" in errors["dtype"] and "float64" in errors["dtype"]
         assert "root rank" in errors["root"]
         assert after == [2.0, 2.0]
+        assert again == [[2.0, 2.0, 2.0]] * 3
         assert duplicate is not None and "Duplicate tensor name" in duplicate
+        assert len(group_errors) == 3 and any("another tensor of its group failed" in e for e in group_errors)
 
 
 def _stall(marker):
@@ -211,3 +228,31 @@ def test_timeline_is_chrome_trace_json(tmp_path):
     begins = sum(1 for e in events if e.get("ph") == "B")
     ends = sum(1 for e in events if e.get("ph") == "E")
     assert begins == ends
+
+
+def _after_peer_shutdown():
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.common.exceptions import HorovodInternalError
+    hvd.init()
+    hvd.allreduce(np.ones(1), name="before")
+    if hvd.rank() == 1:
+        hvd.shutdown()
+        return "shut down"
+    start = time.monotonic()
+    try:
+        # Rank 1's shutdown stops the job; a later collective must fail, not wait forever.
+        hvd.allreduce(np.ones(1), name="after")
+        hvd.allreduce(np.ones(1), name="after2")
+        return "no error"
+    except HorovodInternalError as exc:
+        return f"error after {time.monotonic() - start:.1f}s: {exc}"
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.ranks
+def test_collectives_after_another_rank_shut_down_fail_instead_of_hanging():
+    first, second = spawn_ranks(_after_peer_shutdown, 2, timeout=60)
+    assert second == "shut down"
+    assert first.startswith("error after") and "shut down" in first

@@ -7,6 +7,7 @@ output array (alltoall: ``(output, received_splits)``; grouped ops: a list).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 import warnings
@@ -25,7 +26,11 @@ Average, Sum, Adasum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, Reduc
 
 _counters: Dict[str, "itertools.count[int]"] = {}
 _counter_lock = threading.Lock()
-_group_ids = itertools.count()
+
+
+def _group_id(base: str) -> int:
+    """A group's id, the same on every rank: derived from its name, which every rank of the set shares."""
+    return int.from_bytes(hashlib.blake2b(base.encode(), digest_size=8).digest(), "big") & ((1 << 62) - 1)
 
 
 def _auto_name(prefix: str, process_set: Optional[ProcessSet] = None) -> str:
@@ -138,7 +143,7 @@ def grouped_allreduce_async(arrays: Sequence[np.ndarray], name: Optional[str] = 
     n = len(arrays)
     base = name if name else _auto_name("grouped_allreduce", process_set)
     base = base if not name else f"grouped_allreduce.{name}"
-    group = next(_group_ids)
+    group = _group_id(base)
     handles = [allreduce_async(a, op=reduce_op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                process_set=process_set, output=outputs[i] if outputs else None,
                                dtype=dtypes[i] if dtypes else None, _full_name=f"{base}_{i + 1}of{n}",
@@ -171,7 +176,7 @@ def grouped_allgather_async(arrays: Sequence[np.ndarray], name: Optional[str] = 
                             dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
     n = len(arrays)
     base = f"grouped_allgather.{name}" if name else _auto_name("grouped_allgather", process_set)
-    group = next(_group_ids)
+    group = _group_id(base)
     handles = [allgather_async(a, process_set=process_set, dtype=dtypes[i] if dtypes else None,
                                _full_name=f"{base}_{i + 1}of{n}", _group=group, _group_size=n)
                for i, a in enumerate(arrays)]
@@ -267,7 +272,7 @@ def grouped_reducescatter_async(arrays: Sequence[np.ndarray], name: Optional[str
                                 dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
     n = len(arrays)
     base = f"grouped_reducescatter.{name}" if name else _auto_name("grouped_reducescatter", process_set)
-    group = next(_group_ids)
+    group = _group_id(base)
     handles = [reducescatter_async(a, op=op, process_set=process_set, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, dtype=dtypes[i] if dtypes else None,
                                    _full_name=f"{base}_{i + 1}of{n}", _group=group, _group_size=n)

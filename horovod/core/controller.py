@@ -85,6 +85,10 @@ class Coordinator:
                     continue
                 self._known.setdefault(request.name, {})[index] = request
                 self._add(index, request, now)
+        if len(self._known) > 2 * self.cache.capacity + 1024:
+            # Only names still cached can come back as bits; forget the others (unnamed tensors never repeat).
+            for name in [n for n in self._known if self.cache.bit(n) is None and n not in self._pending]:
+                del self._known[name]
 
         ready: List[Tuple[Response, int]] = []
         for name in list(self._pending):
@@ -93,19 +97,18 @@ class Coordinator:
                 del self._pending[name]
                 self._first_seen.pop(name, None)
                 response = self._respond(name, got)
-                group = next(iter(got.values())).group
-                ready.extend(self._release(response, group, got))
+                ready.extend(self._release(response, got))
 
         reports = self._stalls(now)
         if self.stall_check and self.stall_shutdown > 0:
             for report in reports:
                 if report.waited >= self.stall_shutdown and report.name in self._pending:
-                    del self._pending[report.name]
+                    got = self._pending.pop(report.name)
                     self._first_seen.pop(report.name, None)
-                    ready.append((Response(OpType.ERROR, (report.name,), error=(
+                    ready.extend(self._release(Response(OpType.ERROR, (report.name,), error=(
                         f"Tensor {report.name!r} stalled for {report.waited:.0f} s: ranks "
                         f"{list(report.missing_ranks)} never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)"),
-                        payload=(FATAL_ERROR,)), -1))
+                        payload=(FATAL_ERROR,)), got))
 
         groups = [g if not self.disable_group_fusion else -1 for _, g in ready]
         batches = fusion.plan_batches([r for r, _ in ready], groups, self.fusion_threshold)
@@ -119,18 +122,27 @@ class Coordinator:
         self._pending.setdefault(request.name, {})[index] = request
         self._first_seen.setdefault(request.name, now)
 
-    def _release(self, response: Response, group: int, got) -> List[Tuple[Response, int]]:
-        """Hold grouped tensors until the whole group is ready, so that the group executes together."""
-        if group < 0 or response.error is not None:
-            return [(response, group)]
+    def _release(self, response: Response, got) -> List[Tuple[Response, int]]:
+        """Hold grouped tensors until the whole group is done, so that the group executes together.
+
+        A group in which any tensor failed fails as a whole: its other tensors must not wait for a partner that
+        will never come.
+        """
         request = next(iter(got.values()))
+        group = request.group
+        if group < 0:
+            return [(response, group)]
         group_size = request.payload[0] if request.payload else 1
         held = self._held.setdefault(group, [])
         held.append((response, group))
         if len(held) < group_size:
             return []
         del self._held[group]
-        return held
+        failed = next((r.error for r, _ in held if r.error is not None), None)
+        if failed is None:
+            return held
+        return [(r if r.error is not None else Response(
+            OpType.ERROR, r.names, error=f"another tensor of its group failed: {failed}"), g) for r, g in held]
 
     def _stalls(self, now: float) -> List[StallReport]:
         if not self.stall_check or not self._first_seen:

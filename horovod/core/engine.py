@@ -69,6 +69,7 @@ class _SetState:
         self.queue: List[Request] = []
         self.entries: Dict[str, Entry] = {}
         self.lock = threading.Lock()
+        self.removed = False
 
     def drain(self) -> List[Request]:
         with self.lock:
@@ -93,6 +94,13 @@ def _hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config)
     leaders = tuple(next(r for r, h in zip(ranks, hosts) if h == host) for host in order)
     cross = Group(leaders, leaders.index(ranks[index]), transport) if ranks[index] in leaders else None
     return Hierarchy(local, cross)
+
+
+def _close_segments(state: "_SetState") -> None:
+    if state.group is not None:
+        for segments in (state.group.shm, state.group.hierarchy and state.group.hierarchy.local.shm):
+            if segments is not None:
+                segments.close()
 
 
 def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config):
@@ -128,6 +136,7 @@ class Engine:
         self._wake_r.setblocking(False)
         self._notified = False
         self._shutdown = False
+        self._stopped = False                   # the loop has ended; set before pending handles are failed
         self._error: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
         self._buffers = Buffers()
@@ -187,6 +196,11 @@ class Engine:
                              f"(ranks {list(state.ranks)})")
         handle = Handle(request.name)
         with state.lock:
+            # Checked under the set's lock: the loop sets these under the same lock before failing what is queued.
+            if self._stopped:
+                raise HorovodInternalError(self._error or SHUT_DOWN_MESSAGE)
+            if state.removed:
+                raise ValueError(f"process set {process_set_id} has been removed")
             if request.name in state.entries:
                 raise ValueError(f"Duplicate tensor name {request.name!r}: a collective with this name is already "
                                  f"pending in process set {process_set_id}; names must be unique until completed")
@@ -202,7 +216,8 @@ class Engine:
         return None if state is None else state.ranks
 
     def set_ids(self) -> Dict[int, Tuple[int, ...]]:
-        return {i: s.ranks for i, s in sorted(self._sets.items())}
+        sets = dict(self._sets)     # a copy in one step: the loop may add or remove sets meanwhile
+        return {i: s.ranks for i, s in sorted(sets.items())}
 
     # -- the loop --------------------------------------------------------------------------------------------------
 
@@ -250,11 +265,8 @@ class Engine:
             if self.transport is not None:
                 self.transport.close()
             self._fail_all(self._error or SHUT_DOWN_MESSAGE)
-            for state in self._sets.values():
-                if state.group is not None:
-                    for segments in (state.group.shm, state.group.hierarchy and state.group.hierarchy.local.shm):
-                        if segments is not None:
-                            segments.close()
+            for state in list(self._sets.values()):
+                _close_segments(state)
             self._wake_r.close()
             self._wake_w.close()
 
@@ -346,7 +358,8 @@ class Engine:
         return (shutdown, hits, [r.to_wire() for r in full])
 
     def _fail_all(self, message: str) -> None:
-        for state in self._sets.values():
+        self._stopped = True
+        for state in list(self._sets.values()):
             with state.lock:
                 entries, state.entries, state.queue = state.entries, {}, []
             for entry in entries.values():
@@ -437,7 +450,6 @@ class Engine:
             if error is not None:
                 entry.handle.set_exception(error)
             else:
-                state.last_requests[name] = entry.request
                 entry.handle.set_result(results.get(name))
 
     def _apply_set_change(self, response: Response):
@@ -454,9 +466,11 @@ class Engine:
         removed = self._sets.pop(set_id, None) if set_id > 0 else None
         if removed is not None:
             with removed.lock:
+                removed.removed = True
                 entries, removed.entries = removed.entries, {}
             for entry in entries.values():
                 entry.handle.set_exception(HorovodInternalError(f"process set {set_id} was removed"))
+            _close_segments(removed)
         return removed is not None
 
     def mark_joined(self) -> None:

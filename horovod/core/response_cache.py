@@ -67,7 +67,11 @@ class ResponseCache:
 
 def split_hits(cache: ResponseCache, last_requests: Dict[str, Request],
                requests: List[Request]) -> Tuple[List[int], List[Request]]:
-    """Requests identical to the last negotiated one for a cached name travel as bits; the rest in full."""
+    """Requests of a cached name identical to the last one this rank sent in full travel as bits; the rest in full.
+
+    A bit therefore means "the same request as my last full one for this name", which is exactly what the
+    coordinator remembers for it, whether that request succeeded or not. ``last_requests`` is updated here.
+    """
     hits: List[int] = []
     full: List[Request] = []
     for request in requests:
@@ -76,4 +80,9 @@ def split_hits(cache: ResponseCache, last_requests: Dict[str, Request],
             hits.append(bit)
         else:
             full.append(request)
+            last_requests[request.name] = request
+    if len(last_requests) > 2 * cache.capacity + 1024:
+        # Unnamed tensors get new names forever; only names still cached can ever be sent as bits.
+        for name in [n for n in last_requests if cache.bit(n) is None]:
+            del last_requests[name]
     return hits, full

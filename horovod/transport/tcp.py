@@ -48,6 +48,9 @@ class _Sender(threading.Thread):
         self.transport = transport
         self.peer = peer
         self.jobs: "queue.SimpleQueue[Optional[Tuple[memoryview, SendFuture]]]" = queue.SimpleQueue()
+        # Jobs queued and not yet sent = put - done; each counter has one writer (engine thread, this thread).
+        self.put = 0
+        self.done = 0
 
     def run(self) -> None:
         while True:
@@ -57,8 +60,10 @@ class _Sender(threading.Thread):
             view, future = job
             try:
                 self.transport.send(self.peer, view)
+                self.done += 1
                 future._finish()
             except BaseException as exc:  # handed to the waiting thread
+                self.done += 1
                 future._finish(exc)
 
 
@@ -198,7 +203,9 @@ class TcpTransport:
         thread would cost more than the send.
         """
         future = SendFuture()
-        if len(view) <= _INLINE_SEND_BYTES:
+        sender = self._senders.get(peer)
+        # Inline only when nothing is queued for this peer: two threads writing one socket would interleave bytes.
+        if len(view) <= _INLINE_SEND_BYTES and (sender is None or sender.put == sender.done):
             try:
                 self.send(peer, view)
                 future._finish()
@@ -206,7 +213,8 @@ class TcpTransport:
                 future._finish(exc)
             return future
         self._sock(peer)
-        self._senders[peer].jobs.put((view, future))
+        sender.put += 1
+        sender.jobs.put((view, future))
         return future
 
     def recv_into(self, peer: int, view: memoryview) -> None:
