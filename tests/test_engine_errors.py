@@ -159,32 +159,48 @@ except HorovodInternalError as exc:
 """
 
 
-@pytest.mark.ranks
-@pytest.mark.parametrize("transport_env", [{"HOROVOD_SHM_DISABLE": "1"}, {"HOROVOD_SHM_MIN_BYTES": "0"}],
-                         ids=["tcp", "shm"])
-def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path, transport_env):
+def _run_raw_ranks(script, size, env_of_rank, timeout=60):
+    """Start ``size`` ranks of ``script`` by hand (per-rank environments); returns (return codes, outputs)."""
     from horovod.common.rendezvous_client import make_secret
-    from horovod.runner.rendezvous import RendezvousServer
     from horovod.runner.launch import package_pythonpath
-    script = tmp_path / "death.py"
-    script.write_text(DEATH_SCRIPT)
+    from horovod.runner.rendezvous import RendezvousServer
     secret = make_secret()
     with RendezvousServer(secret, host="127.0.0.1") as server:
         procs = []
         try:
-            for rank in range(3):
-                env = dict(os.environ, **package_pythonpath(), HOROVOD_RANK=str(rank), HOROVOD_SIZE="3",
+            for rank in range(size):
+                env = dict(os.environ, **package_pythonpath(), HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(size),
                            HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1", HOROVOD_GLOO_RENDEZVOUS_PORT=str(server.port),
-                           HOROVOD_SECRET_KEY=secret.hex(), HOROVOD_GLOO_TIMEOUT_SECONDS="30", **transport_env)
+                           HOROVOD_SECRET_KEY=secret.hex(), **env_of_rank(rank))
                 procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True))
-            outputs = [p.communicate(timeout=60)[0] for p in procs]
+            outputs = [p.communicate(timeout=timeout)[0] for p in procs]
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-    assert procs[1].returncode == 3
+    return [p.returncode for p in procs], outputs
+
+
+@pytest.mark.ranks
+def test_ranks_with_different_algorithm_settings_refuse_to_start(tmp_path):
+    script = tmp_path / "init.py"
+    script.write_text("import horovod.numpy as hvd\nhvd.init()\nprint('STARTED')\nhvd.shutdown()\n")
+    codes, outputs = _run_raw_ranks(script, 2, lambda rank: {"HOROVOD_SHM_MIN_BYTES": str(1024 * (rank + 1))})
+    for code, output in zip(codes, outputs):
+        assert code != 0 and "STARTED" not in output
+        assert "HOROVOD_SHM_MIN_BYTES differs between ranks (rank 0: 1024, rank 1: 2048)" in output
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("transport_env", [{"HOROVOD_SHM_DISABLE": "1"}, {"HOROVOD_SHM_MIN_BYTES": "0"}],
+                         ids=["tcp", "shm"])
+def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path, transport_env):
+    script = tmp_path / "death.py"
+    script.write_text(DEATH_SCRIPT)
+    codes, outputs = _run_raw_ranks(script, 3, lambda rank: {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30", **transport_env})
+    assert codes[1] == 3
     for rank in (0, 2):
         assert "ERROR after" in outputs[rank], outputs[rank]
         seconds = float(outputs[rank].split("ERROR after ")[1].split("s:")[0])

@@ -68,27 +68,52 @@ def connect(config, topo, scope: str) -> TcpTransport:
     port = transport.listen(host)  # only where peers are told to dial, not on every interface
     deadline = time.monotonic() + config.start_timeout
     try:
-        client.put(scope, str(rank), f"{host}:{port} {topo.hostname}".encode())
+        client.put(scope, str(rank), f"{host}:{port} {topo.hostname} {_agreed_settings(config)}".encode())
         addresses: Dict[int, Tuple[str, int]] = {}
         for peer in range(rank):
-            address, _ = _published(client, scope, peer, deadline)
-            addresses[peer] = address
+            addresses[peer] = _published(client, scope, peer, deadline)[0]
     except RendezvousError as exc:
         transport.close()
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
     transport.connect(addresses, deadline)
     try:
         # Every peer published before the mesh could form, so these reads do not wait.
-        transport.hostnames = [_published(client, scope, peer, deadline)[1] for peer in range(size)]
+        published = [_published(client, scope, peer, deadline) for peer in range(size)]
     except RendezvousError as exc:
         transport.close()
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
+    transport.hostnames = [hostname for _, hostname, _ in published]
+    mismatch = _settings_mismatch([settings for _, _, settings in published])
+    if mismatch:
+        transport.close()
+        raise HorovodInternalError(mismatch)
     transport.job_token = scope
     return transport
 
 
-def _published(client: RendezvousClient, scope: str, peer: int, deadline: float) -> Tuple[Tuple[str, int], str]:
+# Settings that choose algorithms or give cache bits their meaning: every rank must use the same values, or the
+# ranks would disagree on which bytes travel where.
+_AGREED = ("cache_capacity", "shm_disable", "shm_min_bytes", "hierarchical_allreduce")
+
+
+def _agreed_settings(config) -> str:
+    return ",".join(f"{name}={getattr(config, name)}" for name in _AGREED)
+
+
+def _settings_mismatch(per_rank) -> str:
+    for position, name in enumerate(_AGREED):
+        values = [settings.split(",")[position] if settings else "" for settings in per_rank]
+        if len(set(values)) > 1:
+            listing = ", ".join(f"rank {r}: {v.partition('=')[2] or '?'}" for r, v in enumerate(values))
+            return (f"HOROVOD_{name.upper()} differs between ranks ({listing}); every rank of a job must use the "
+                    f"same value")
+    return ""
+
+
+def _published(client: RendezvousClient, scope: str, peer: int,
+               deadline: float) -> Tuple[Tuple[str, int], str, str]:
     text = client.get(scope, str(peer), timeout=max(0.1, deadline - time.monotonic())).decode()
-    address, _, hostname = text.partition(" ")
+    address, _, rest = text.partition(" ")
+    hostname, _, settings = rest.partition(" ")
     peer_host, _, peer_port = address.rpartition(":")
-    return (peer_host, int(peer_port)), hostname
+    return (peer_host, int(peer_port)), hostname, settings
