@@ -225,6 +225,15 @@ class _DistributedOptimizer:
             raise AssertionError(_PENDING_ZERO_GRAD)
         return super().zero_grad(*args, **kwargs)
 
+    def _discard_pending(self) -> None:
+        """Forget the allreduces of an interrupted step (elastic restore undoes that step); no communication."""
+        self._handles.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        for group in self._group_ready:
+            self._group_ready[group] = 0
+        self._synchronized = False
+
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate locally before gradients are allreduced."""
         if passes <= 0:

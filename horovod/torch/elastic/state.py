@@ -49,18 +49,10 @@ class ModelStateHandler(StateHandler):
 
 
 def _drop_pending_allreduces(optimizer) -> None:
-    # A DistributedOptimizer interrupted by a failure still holds the failed allreduces' handles and counters;
-    # the step they belonged to is being undone, so they go (until the optimizer offers this itself).
-    if isinstance(getattr(optimizer, "_handles", None), dict):
-        optimizer._handles.clear()
-        passes = getattr(optimizer, "backward_passes_per_step", 1)
-        if isinstance(getattr(optimizer, "_allreduce_delay", None), dict):
-            for p in optimizer._allreduce_delay:
-                optimizer._allreduce_delay[p] = passes
-        if isinstance(getattr(optimizer, "_group_ready", None), dict):
-            for group in optimizer._group_ready:
-                optimizer._group_ready[group] = 0
-        optimizer._synchronized = False
+    # A DistributedOptimizer interrupted by a failure still holds the failed allreduces; their step is undone.
+    discard = getattr(optimizer, "_discard_pending", None)
+    if discard is not None:
+        discard()
 
 
 class OptimizerStateHandler(StateHandler):
