@@ -158,10 +158,15 @@ class Config:
     ``Config().fusion_threshold`` is ``HOROVOD_FUSION_THRESHOLD`` as an int. Instances are immutable.
     """
 
-    __slots__ = ("_values",)
+    __slots__ = ("_values", "_explicit")
 
-    def __init__(self, values: Mapping[str, Any]):
+    def __init__(self, values: Mapping[str, Any], explicit: frozenset = frozenset()):
         object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_explicit", frozenset(explicit))
+
+    def is_explicit(self, env: str) -> bool:
+        """Whether ``env`` (e.g. ``HOROVOD_FUSION_THRESHOLD``) was set, rather than left at its default."""
+        return env in self._explicit
 
     def __getattr__(self, attr: str) -> Any:
         try:
@@ -176,7 +181,7 @@ class Config:
         unknown = set(changes) - set(self._values)
         if unknown:
             raise AttributeError(f"no Horovod setting named {sorted(unknown)}")
-        return Config({**self._values, **changes})
+        return Config({**self._values, **changes}, self._explicit)
 
     def as_dict(self) -> Dict[str, Any]:
         return dict(self._values)
@@ -194,11 +199,14 @@ def load_config(environ: Optional[Mapping[str, str]] = None) -> Config:
     """
     env = os.environ if environ is None else environ
     values = {}
+    explicit = set()
     for setting in SETTINGS:
         text = env.get(setting.env)
         values[setting.attr] = setting.default if text is None or text == "" and setting.type is not str \
             else setting.parse(text)
-    return Config(values)
+        if text is not None and text != "":
+            explicit.add(setting.env)
+    return Config(values, frozenset(explicit))
 
 
 def environ_get(name: str, default: Optional[str] = None) -> Optional[str]:

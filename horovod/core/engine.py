@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from horovod.algorithms.group import Group
 from horovod.algorithms.hierarchical import Hierarchy
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
-from horovod.common.types import OpType, Request, Response
+from horovod.common.types import OpType, Request, Response, nbytes
 from horovod.core import fusion
 from horovod.core.controller import FATAL_ERROR, Coordinator, Message
 from horovod.core.handles import Handle
@@ -145,6 +145,11 @@ class Engine:
         self._presented = False                 # a follower sent its global-set message before the cycle started
         self._early: Dict[int, tuple] = {}      # rank 0: those messages, by rank, until the cycle reads them
         self.cycle_time = config.cycle_time / 1000.0
+        self._cycle_bytes = 0
+        self.autotuner = None
+        if config.autotune and rank == 0:
+            from horovod.autotune import Autotuner
+            self.autotuner = Autotuner(config, self._apply_tuning)
         self.on_process_sets_changed: Optional[Callable[[int, Optional[Tuple[int, ...]]], None]] = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -357,6 +362,13 @@ class Engine:
         hits, full = split_hits(state.cache, state.last_requests, state.drain())
         return (shutdown, hits, [r.to_wire() for r in full])
 
+    def _apply_tuning(self, fusion_threshold: int, cycle_time_ms: float) -> None:
+        """Autotune's choice; both knobs act on rank 0 only (it plans fusion and starts cycles)."""
+        self.cycle_time = cycle_time_ms / 1000.0
+        for state in list(self._sets.values()):
+            if state.coordinator is not None:
+                state.coordinator.fusion_threshold = fusion_threshold
+
     def _fail_all(self, message: str) -> None:
         self._stopped = True
         for state in list(self._sets.values()):
@@ -369,6 +381,9 @@ class Engine:
         """One negotiation and execution round over every set; True when the job shuts down."""
         if self.timeline is not None:
             self.timeline.cycle_start()
+        if self.autotuner is not None:
+            self.autotuner.record(self._cycle_bytes)
+            self._cycle_bytes = 0
         for set_id in sorted(self._sets):
             state = self._sets.get(set_id)
             if state is None or state.index < 0:
@@ -440,6 +455,8 @@ class Engine:
                 results = {name: self._apply_set_change(response) for name in results}
             self._complete(state, entries, results=results)
             executed.extend(batch)
+            if self.autotuner is not None and response.op == OpType.ALLREDUCE:
+                self._cycle_bytes += sum(nbytes(response.dtype, shape) for shape in response.shapes)
         state.cache.record(executed)
 
     def _complete(self, state: _SetState, entries: Dict[str, Entry], results=None, error=None) -> None:
