@@ -45,6 +45,34 @@ def plan_rendezvous(hostnames: Sequence[str], nics: Sequence[str] = ()) -> Dict[
     return {h: by_host.get(h, first) for h in hostnames}
 
 
+class RendezvousPool:
+    """One store and one fresh secret, served on each address asked for (an elastic job meets hosts as it goes).
+
+    :meth:`serve` starts a server on an address the first time it is asked for; :meth:`close` stops them all.
+    """
+
+    def __init__(self, scope: Optional[str] = None):
+        self.secret = make_secret()
+        self.store = KVStore()
+        self.scope = scope
+        self._servers: Dict[str, RendezvousServer] = {}
+
+    def serve(self, address: str) -> RendezvousInfo:
+        """Where workers find the store on ``address`` (a server there is started once)."""
+        server = self._servers.get(address)
+        if server is None:
+            server = RendezvousServer(self.secret, host=address, port=0)
+            server.store = self.store  # every address serves the same job
+            server.start()
+            self._servers[address] = server
+        return RendezvousInfo(address, server.port, self.secret, self.scope)
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            server.stop()
+        self._servers = {}
+
+
 @contextlib.contextmanager
 def multihost_rendezvous(addresses: Mapping[str, str], scope: Optional[str] = None
                          ) -> Iterator[Tuple[KVStore, Dict[str, RendezvousInfo]]]:
@@ -53,19 +81,12 @@ def multihost_rendezvous(addresses: Mapping[str, str], scope: Optional[str] = No
     Yields:
         The shared store and, per host, the :class:`RendezvousInfo` its workers get.
     """
-    secret = make_secret()
-    store = KVStore()
-    servers: Dict[str, RendezvousServer] = {}
+    pool = RendezvousPool(scope)
     try:
-        for address in network.bind_addresses(addresses):
-            server = RendezvousServer(secret, host=address, port=0)
-            server.store = store  # every address serves the same job
-            server.start()
-            servers[address] = server
-        yield store, {h: RendezvousInfo(a, servers[a].port, secret, scope) for h, a in addresses.items()}
+        served = {a: pool.serve(a) for a in network.bind_addresses(addresses)}
+        yield pool.store, {h: served[a] for h, a in addresses.items()}
     finally:
-        for server in servers.values():
-            server.stop()
+        pool.close()
 
 
 def launcher_environment() -> Dict[str, str]:
@@ -122,7 +143,7 @@ def launch_multihost(launch: LaunchConfig, rendezvous: Mapping[str, RendezvousIn
         return group.wait(timeout=timeout, on_exit=on_exit)
 
 
-__all__ = ["remote_hosts", "plan_rendezvous", "multihost_rendezvous", "launcher_environment",
+__all__ = ["remote_hosts", "plan_rendezvous", "RendezvousPool", "multihost_rendezvous", "launcher_environment",
            "build_multihost_specs", "launch_multihost"]
 
 
