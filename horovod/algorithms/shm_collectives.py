@@ -1,8 +1,8 @@
 """Collectives among the ranks of one host, through shared-memory segments.
 
-Allreduce, chunk by chunk: every rank copies its chunk into its own segment; after a barrier each rank reduces its
-own slice of the chunk in place, reading that slice straight from its peers' segments; after a second barrier every
-rank copies all reduced slices out. Each slice is reduced by exactly one rank, so every rank gets the same bits.
+Allreduce, chunk by chunk: every rank copies the slices its peers will reduce into its own segment; after a barrier
+each rank reduces its own slice in its own buffer, reading that slice straight from its peers' segments, and publishes
+the result; after a second barrier every rank copies the peers' reduced slices out. Each slice is reduced by exactly one rank, so every rank gets the same bits.
 Chunks alternate between the two halves of each segment, so two barriers per chunk suffice: the barrier that
 publishes chunk k+1 also proves that everybody finished reading chunk k-1, whose half chunk k+1 reuses.
 """
@@ -36,18 +36,22 @@ def allreduce(group: Group, buf: np.ndarray, ufunc) -> None:
         count = stop - start
         half = k % 2
         mine = _half(group, me, half, buf.dtype, count)
-        mine[:] = buf[start:stop]
-        shm.barrier()
         bounds = segment_bounds(count, n)
         lo, hi = bounds[me], bounds[me + 1]
+        # Peers read only the slices they reduce: our own slice stays in ``buf`` until it is reduced.
+        mine[:lo] = buf[start:start + lo]
+        mine[hi:] = buf[start + hi:stop]
+        shm.barrier()
         if hi > lo:
+            own = buf[start + lo:start + hi]
             for peer in range(n):
                 if peer != me:
-                    ufunc(mine[lo:hi], _half(group, peer, half, buf.dtype, count)[lo:hi], out=mine[lo:hi])
+                    ufunc(own, _half(group, peer, half, buf.dtype, count)[lo:hi], out=own)
+            mine[lo:hi] = own
         shm.barrier()
         for peer in range(n):
             a, b = bounds[peer], bounds[peer + 1]
-            if b > a:
+            if peer != me and b > a:
                 buf[start + a:start + b] = _half(group, peer, half, buf.dtype, count)[a:b]
     # The next collective writes into half 0 again; make sure everybody finished reading this one's last chunk.
     shm.barrier()
