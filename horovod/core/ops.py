@@ -110,7 +110,7 @@ def _allreduce(response: Response, entries: Dict[str, Entry], group: Group, buff
         name = response.names[0]
         buf = _flat(outputs[name])
         source = entries[name].array
-        if source is not None and not (source is outputs[name] or np.shares_memory(source, outputs[name])):
+        if source is not None and not (source is outputs[name] or np.may_share_memory(source, outputs[name])):
             np.copyto(buf, _flat(source))
     else:
         if activity:
@@ -208,7 +208,7 @@ def _broadcast(response: Response, entry: Entry, group: Group) -> np.ndarray:
     carrier = numpy_dtype(response.dtype)
     root_index = group.ranks.index(response.root_rank)
     out = entry.output if entry.output is not None else np.empty(response.shapes[0], dtype=carrier)
-    if group.index == root_index and entry.array is not None and not np.shares_memory(entry.array, out):
+    if group.index == root_index and entry.array is not None and not np.may_share_memory(entry.array, out):
         np.copyto(out, entry.array)
     if _use_shm(group, out.nbytes):
         shm_collectives.broadcast(group, _bytes(out), root_index)

@@ -8,7 +8,6 @@ keep their local gradient, divided by the set's size when ``scale_local_gradient
 
 from __future__ import annotations
 
-import warnings
 from typing import Dict
 
 import tensorflow as tf
@@ -94,12 +93,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     Raises:
         ValueError: ``gradient_predivide_factor`` with an op other than Average, or malformed ``groups``.
     """
-    if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-                      DeprecationWarning)
-        if groups is None:
-            groups = num_groups
-    check_arguments(op, gradient_predivide_factor, groups)
+    groups = check_arguments(op, gradient_predivide_factor, groups, num_groups)
     cls = _distributed_class(type(gradtape))
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

@@ -9,6 +9,7 @@ thread would. ``groups`` become grouped allreduces; ``tf.IndexedSlices`` are gat
 
 from __future__ import annotations
 
+import warnings
 from typing import List, Optional, Sequence
 
 import tensorflow as tf
@@ -21,16 +22,23 @@ from horovod.tensorflow._tensors import run_numpy, to_core
 from horovod.tensorflow.compression import Compression
 
 
-def check_arguments(op, gradient_predivide_factor, groups) -> None:
-    """Horovod's argument checks for the gradient reducers.
+def check_arguments(op, gradient_predivide_factor, groups, num_groups=0):
+    """Horovod's argument checks for the gradient reducers; returns ``groups`` (the deprecated ``num_groups``
+    fills it when it is unset).
 
     Raises:
         ValueError: a predivide factor with an op other than Average, or malformed ``groups``.
     """
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
     if gradient_predivide_factor != 1.0 and op != _c.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
+    return groups
 
 
 def local_layer_list(local_layers) -> list:

@@ -10,7 +10,6 @@ the step (``iterations`` advances every call, like Keras' own ``gradient_accumul
 
 from __future__ import annotations
 
-import warnings
 from typing import Dict
 
 import keras
@@ -142,12 +141,7 @@ def wrap_optimizer_class(base: type) -> type:
 
 def _hvd_args(name, compression, sparse_as_dense, gradient_predivide_factor, op, backward_passes_per_step,
               average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients):
-    if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-                      DeprecationWarning)
-        if groups is None:
-            groups = num_groups
-    check_arguments(op, gradient_predivide_factor, groups)
+    groups = check_arguments(op, gradient_predivide_factor, groups, num_groups)
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     if op == _c.Adasum and average_aggregated_gradients:
