@@ -93,3 +93,42 @@ def test_two_hosts_hierarchical_allreduce_under_horovodrun():
                           timeout=120, env={"HOROVOD_SHM_MIN_BYTES": "0"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count(" 0 failures") == 4
+
+
+def _multi_chunk_allreduces():
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.algorithms import shm_collectives
+    shm_collectives.CHUNK_BYTES = 64 << 10    # several chunks, both segment halves, and a partial last chunk
+    hvd.init()
+    try:
+        me, n = hvd.rank(), hvd.size()
+        count = 5 * (16 << 10) + 7
+        results = {}
+        for dtype, op in (("float32", hvd.Average), ("float64", hvd.Sum), ("int32", hvd.Average),
+                          ("float32", hvd.Max)):
+            x = (np.arange(count) % 97 * (me + 1)).astype(dtype)
+            results[dtype, int(op)] = hvd.allreduce(x, op=op, name=f"mc.{dtype}.{int(op)}",
+                                                    postscale_factor=1.0 if op != hvd.Sum else 0.5)
+        return results
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.ranks
+def test_shared_memory_allreduce_over_several_chunks_with_fused_scaling():
+    import numpy as np
+    n = 3
+    results = spawn_ranks(_multi_chunk_allreduces, n, timeout=120)
+    count = 5 * (16 << 10) + 7
+    base = np.arange(count) % 97
+    contributions = [base * (r + 1) for r in range(n)]
+    average, total = 0, 1     # Horovod's values of hvd.Average and hvd.Sum
+    want = {("float32", average): np.sum(contributions, axis=0) / n,
+            ("float64", total): np.sum(contributions, axis=0) * 0.5,
+            ("int32", average): np.trunc(np.sum(contributions, axis=0) / n),
+            ("float32", 4): np.max(contributions, axis=0)}
+    for rank, got in enumerate(results):
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=f"rank {rank} {key}")
+        assert all(np.array_equal(got[k], results[0][k]) for k in want), f"rank {rank} differs from rank 0"

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from horovod.algorithms import reduction
 from horovod.algorithms.group import Group, segment_bounds
 
 CHUNK_BYTES = 4 << 20   # a few barriers per large buffer, while chunks still fit in the L3 cache
@@ -25,10 +26,18 @@ def _half(group: Group, position: int, half: int, dtype, count: int) -> np.ndarr
     return seg[start:start + count * np.dtype(dtype).itemsize].view(dtype)
 
 
-def allreduce(group: Group, buf: np.ndarray, ufunc) -> None:
-    """Reduce the flat contiguous ``buf`` in place across the group's ranks."""
+def allreduce(group: Group, buf: np.ndarray, ufunc, post: float = 1.0) -> None:
+    """Reduce the flat contiguous ``buf`` in place across the group's ranks, then multiply by ``post``.
+
+    The reduced slice is written straight into this rank's segment and scaled on its way out of it, on every rank
+    alike, so a scaled (averaged) allreduce moves no more bytes than a sum: about 4.5 passes over the buffer at two
+    ranks instead of 6.5 with a separate scaling pass. Integer buffers are scaled afterwards, as ``reduction.scale``
+    truncates them through float64.
+    """
     shm, n, me = group.shm, group.size, group.index
     itemsize = buf.itemsize
+    fused_scale = post != 1.0 and buf.dtype.kind in "fc"
+    factor = buf.dtype.type(post) if fused_scale else None
     chunk = max(1, min(buf.size, CHUNK_BYTES // itemsize))
     shm.ensure(2 * chunk * itemsize)
     for k, start in enumerate(range(0, buf.size, chunk)):
@@ -43,18 +52,29 @@ def allreduce(group: Group, buf: np.ndarray, ufunc) -> None:
         mine[hi:] = buf[start + hi:stop]
         shm.barrier()
         if hi > lo:
-            own = buf[start + lo:start + hi]
+            own, result = buf[start + lo:start + hi], mine[lo:hi]
+            source = own
             for peer in range(n):
                 if peer != me:
-                    ufunc(own, _half(group, peer, half, buf.dtype, count)[lo:hi], out=own)
-            mine[lo:hi] = own
+                    ufunc(source, _half(group, peer, half, buf.dtype, count)[lo:hi], out=result)
+                    source = result
+            if fused_scale:
+                np.multiply(result, factor, out=own)
+            else:
+                own[:] = result
         shm.barrier()
         for peer in range(n):
             a, b = bounds[peer], bounds[peer + 1]
             if peer != me and b > a:
-                buf[start + a:start + b] = _half(group, peer, half, buf.dtype, count)[a:b]
+                published = _half(group, peer, half, buf.dtype, count)[a:b]
+                if fused_scale:
+                    np.multiply(published, factor, out=buf[start + a:start + b])
+                else:
+                    buf[start + a:start + b] = published
     # The next collective writes into half 0 again; make sure everybody finished reading this one's last chunk.
     shm.barrier()
+    if post != 1.0 and not fused_scale:
+        reduction.scale(buf, post)
 
 
 def allgatherv(group: Group, out: np.ndarray, byte_counts: Sequence[int]) -> None:

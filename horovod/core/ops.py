@@ -137,21 +137,22 @@ def _allreduce(response: Response, entries: Dict[str, Entry], group: Group, buff
         reduction.scale(buf, response.prescale * post) if response.prescale * post != 1.0 else None
     else:
         reduction.scale(buf, response.prescale)
-        if group.hierarchy is not None:
+        post = response.postscale / size if response.reduce_op == ReduceOp.AVERAGE else response.postscale
+        if _use_shm(group, buf.nbytes) and group.hierarchy is None:
+            if activity:
+                activity("SHM_ALLREDUCE")
+            shm_collectives.allreduce(group, buf, reduction.ufunc_for(response.reduce_op), post)
+            post = 1.0
+        elif group.hierarchy is not None:
             if activity:
                 activity("HIERARCHICAL_ALLREDUCE")
             scratch = buffers.get("scratch", work_dtype, -(-total // 2) + 1)
             hierarchical.allreduce(group.hierarchy, buf, reduction.ufunc_for(response.reduce_op), scratch)
-        elif _use_shm(group, buf.nbytes):
-            if activity:
-                activity("SHM_ALLREDUCE")
-            shm_collectives.allreduce(group, buf, reduction.ufunc_for(response.reduce_op))
         else:
             if activity:
                 activity("RING_ALLREDUCE")
             scratch = buffers.get("scratch", work_dtype, -(-total // size) + 1)
             ring.ring_allreduce(group, buf, reduction.ufunc_for(response.reduce_op), scratch)
-        post = response.postscale / size if response.reduce_op == ReduceOp.AVERAGE else response.postscale
         reduction.scale(buf, post)
 
     if not single:
