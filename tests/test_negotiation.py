@@ -166,3 +166,63 @@ def test_errors_and_barriers_are_not_cached():
     cache = ResponseCache(4)
     cache.record([Response(OpType.ERROR, ("e",), error="x"), Response(OpType.BARRIER, ("b",))])
     assert len(cache) == 0
+
+
+class _Ranks:
+    """Each rank's side of the cache protocol (its cache and last full requests) around one coordinator."""
+
+    def __init__(self, size=2, **kw):
+        self.c = coordinator(size, **kw)
+        self.caches = [self.c.cache] + [ResponseCache(16) for _ in range(size - 1)]
+        self.last = [{} for _ in range(size)]
+
+    def step(self, per_rank, now=0.0):
+        messages = []
+        for i, requests in enumerate(per_rank):
+            hits, full = split_hits(self.caches[i], self.last[i], list(requests))
+            messages.append(msg(*full, hits=hits))
+        batches, stop, reports = self.c.step(messages, now)
+        executed = [r for b in batches for r in b]
+        for cache in self.caches:
+            cache.record(executed)
+        return batches, reports
+
+
+def test_steady_state_bits_take_the_fast_track_and_stay_correct():
+    ranks = _Ranks(2)
+    ranks.step([[req("w")], [req("w")]])
+    ranks.step([[req("w")], [req("w")]])          # both hits now: the fast track
+    assert ranks.c._fast == {}
+    batches, _ = ranks.step([[req("w")], []])
+    assert batches == [] and ranks.c._fast == {"w": [0]}
+    batches, _ = ranks.step([[], [req("w")]])
+    assert names(batches) == [["w"]] and batches[0][0] == Response(OpType.ALLREDUCE, ("w",), "float32", ((4,),),
+                                                                    ReduceOp.SUM)
+
+
+def test_bits_standing_for_different_requests_after_a_mismatch_still_fail():
+    ranks = _Ranks(2)
+    ranks.step([[req("w")], [req("w")]])
+    batches, _ = ranks.step([[req("w", (4,))], [req("w", (8,))]])     # the mismatch: cache keeps the old response
+    assert batches[0][0].op == OpType.ERROR
+    # Each rank repeats its own request: both travel as bits, but they stand for different shapes.
+    batches, _ = ranks.step([[req("w", (4,))], [req("w", (8,))]])
+    assert batches[0][0].op == OpType.ERROR and "shape" in batches[0][0].error
+
+
+def test_full_request_joining_a_fast_track_name_moves_it_to_validation():
+    ranks = _Ranks(2)
+    ranks.step([[req("w")], [req("w")]])
+    ranks.step([[req("w")], []])                      # rank 0's bit waits on the fast track
+    batches, _ = ranks.step([[], [req("w", (8,))]])   # rank 1 changed the shape: a full request
+    assert batches[0][0].op == OpType.ERROR and "shape" in batches[0][0].error and ranks.c._fast == {}
+
+
+def test_fast_track_tensor_stalls_are_reported_and_a_join_completes_it():
+    ranks = _Ranks(2, stall_warning=5.0)
+    ranks.step([[req("w")], [req("w")]])
+    ranks.step([[req("w")], []], now=1.0)
+    _, reports = ranks.step([[], []], now=7.0)
+    assert [(r.name, r.missing_ranks) for r in reports] == [("w", (1,))]
+    batches, _ = ranks.step([[], [req("join", op=OpType.JOIN)]], now=8.0)
+    assert names(batches)[0] == ["w"] and batches[0][0].error is None

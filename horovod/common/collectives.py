@@ -55,7 +55,13 @@ def resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
         warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
                       DeprecationWarning, stacklevel=3)
         return Average if average else Sum
-    return ReduceOp(Average if op is None else op)
+    if op is None:
+        return Average
+    found = _REDUCE_OPS.get(op)     # a dict hit instead of the enum's slow constructor: this runs per gradient
+    return found if found is not None else ReduceOp(op)
+
+
+_REDUCE_OPS = {int(op): op for op in ReduceOp}
 
 
 def _set_id(process_set: Optional[ProcessSet]) -> int:
@@ -124,8 +130,8 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
     if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
         raise ValueError(f"allreduce output must be contiguous with shape {array.shape}")
     request = Request(_full_name or _name("allreduce", name, process_set), OpType.ALLREDUCE, dtype,
-                      tuple(array.shape), int(reduce_op), float(prescale_factor), float(postscale_factor), group=_group,
-                      payload=(_group_size,) if _group >= 0 else None)
+                      array.shape, int(reduce_op), float(prescale_factor), float(postscale_factor), -1, None, _group,
+                      (_group_size,) if _group >= 0 else None)
     return basics.engine().submit(request, array, output, set_id)
 
 

@@ -58,6 +58,11 @@ class Coordinator:
         self._joined: Dict[int, None] = {}
         self._last_joined = -1
         self._held: Dict[int, List[Tuple[Response, int]]] = {}
+        # The steady state's fast track: a name whose ranks last agreed on the very same request (``_agreed`` holds
+        # the response that agreement produced) and that comes back as cache bits needs no validation, only a count
+        # of the ranks that sent it. Any full request for the name, a join or a stall moves it to the slow track.
+        self._agreed: Dict[str, Response] = {}
+        self._fast: Dict[str, List[int]] = {}
         self._last_stall_report = float("-inf")
         self.arrivals: List[Tuple[str, int, int]] = []   # (name, op, global rank) of the last step, for the timeline
 
@@ -73,24 +78,48 @@ class Coordinator:
         """
         shutdown = False
         self.arrivals = []
+        fast, agreed, arrivals = self._fast, self._agreed, self.arrivals
         for index, message in enumerate(messages):
             shutdown = shutdown or message.shutdown
+            rank = self.ranks[index]
             for bit in message.hits:
                 name = self.cache.name(bit)
-                self._add(index, self._known[name][index], now)
+                arrived = fast.get(name)
+                if arrived is not None:
+                    arrived.append(index)
+                    arrivals.append((name, agreed[name].op, rank))
+                elif name in agreed and name not in self._pending and not self._joined:
+                    fast[name] = [index]
+                    self._first_seen.setdefault(name, now)
+                    arrivals.append((name, agreed[name].op, rank))
+                else:
+                    self._add(index, self._known[name][index], now)
             for request in message.requests:
                 if request.op == OpType.JOIN:
                     self._joined[index] = None
                     self._last_joined = self.ranks[index]
                     continue
+                agreed.pop(request.name, None)
+                self._to_slow_track(request.name)
                 self._known.setdefault(request.name, {})[index] = request
                 self._add(index, request, now)
+        if self._joined and fast:
+            for name in list(fast):
+                self._to_slow_track(name)
         if len(self._known) > 2 * self.cache.capacity + 1024:
             # Only names still cached can come back as bits; forget the others (unnamed tensors never repeat).
-            for name in [n for n in self._known if self.cache.bit(n) is None and n not in self._pending]:
+            for name in [n for n in self._known if self.cache.bit(n) is None and n not in self._pending
+                         and n not in fast]:
                 del self._known[name]
+                agreed.pop(name, None)
 
         ready: List[Tuple[Response, int]] = []
+        if fast:
+            size = self.size
+            for name in [n for n, arrived in fast.items() if len(arrived) == size]:
+                del fast[name]
+                self._first_seen.pop(name, None)
+                ready.append((agreed[name], -1))
         for name in list(self._pending):
             got = self._pending[name]
             if all(i in got or i in self._joined for i in range(self.size)):
@@ -100,6 +129,8 @@ class Coordinator:
                 ready.extend(self._release(response, got))
 
         reports = self._stalls(now)
+        for report in reports:
+            self._to_slow_track(report.name)
         if self.stall_check and self.stall_shutdown > 0:
             for report in reports:
                 if report.waited >= self.stall_shutdown and report.name in self._pending:
@@ -116,6 +147,15 @@ class Coordinator:
             batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
             self._joined.clear()
         return batches, shutdown, reports
+
+    def _to_slow_track(self, name: str) -> None:
+        """Move a fast-track name to full validation, with the requests its ranks' bits stand for."""
+        arrived = self._fast.pop(name, None)
+        if arrived is not None:
+            known = self._known[name]
+            pending = self._pending.setdefault(name, {})
+            for index in arrived:
+                pending[index] = known[index]
 
     def _add(self, index: int, request: Request, now: float) -> None:
         self.arrivals.append((request.name, request.op, self.ranks[index]))
@@ -153,7 +193,7 @@ class Coordinator:
         reports = []
         for name, since in self._first_seen.items():
             if now - since >= due:
-                got = self._pending.get(name, {})
+                got = self._pending.get(name) or dict.fromkeys(self._fast.get(name, ()))
                 missing = tuple(self.ranks[i] for i in range(self.size) if i not in got and i not in self._joined)
                 reports.append(StallReport(name, missing, now - since))
         if reports:
@@ -178,8 +218,11 @@ class Coordinator:
         op = first.op
         if op in _IDENTICAL_OPS and len(got) == self.size and all(r == first for r in got.values()):
             # The steady state: every rank sent the very same request, nothing to compare field by field.
-            return Response(op, (name,), first.dtype, (first.shape,), first.reduce_op, first.prescale,
-                            first.postscale, first.root_rank, payload=first.payload)
+            response = Response(op, (name,), first.dtype, (first.shape,), first.reduce_op, first.prescale,
+                                first.postscale, first.root_rank, payload=first.payload)
+            if first.group < 0:
+                self._agreed[name] = response
+            return response
         checks = [("operation", lambda r: OP_NAMES.get(r.op, r.op)), ("data type", lambda r: r.dtype)]
         if op in (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER):
             checks.append(("shape", lambda r: r.shape))

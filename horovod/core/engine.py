@@ -114,6 +114,10 @@ def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config
     return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes)
 
 
+def _encode(response: Response, bit: Optional[int]):
+    return response.to_wire() if bit is None else bit
+
+
 def _decode_message(data) -> Message:
     if not (isinstance(data, tuple) and len(data) == 3 and isinstance(data[0], bool)
             and isinstance(data[1], (list, tuple)) and all(isinstance(b, int) for b in data[1])
@@ -409,8 +413,8 @@ class Engine:
                             "tensor %s, missing ranks: %s", report.waited, report.name, list(report.missing_ranks))
             if self.timeline is not None:
                 self.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
-            encoded = [[state.cache.cached_bit(r) if state.cache.cached_bit(r) is not None else r.to_wire()
-                        for r in batch] for batch in batches]
+            cached_bit = state.cache.cached_bit
+            encoded = [[_encode(r, cached_bit(r)) for r in batch] for batch in batches]
             for peer in state.ranks[1:]:
                 transport.send_obj(peer, (stop, encoded))
             return stop, batches
