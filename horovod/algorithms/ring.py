@@ -15,6 +15,9 @@ import numpy as np
 from horovod.algorithms.group import Group, segment_bounds
 
 CHUNK_BYTES = 1 << 20
+# Up to this size an allreduce is latency-bound: one all-to-all exchange of whole buffers (one network hop) beats the
+# ring's 2(n-1) dependent steps, and at two ranks it even moves the same bytes.
+EXCHANGE_MAX_BYTES = 64 << 10
 
 
 def _recv_reduce(group: Group, src: int, target: np.ndarray, scratch: np.ndarray, ufunc) -> None:
@@ -124,3 +127,32 @@ def pairwise_alltoall(group: Group, send: np.ndarray, send_bounds: Sequence[int]
             group.transport.recv_into(group.ranks[src], _view(inc))
         if pending is not None:
             pending.wait()
+
+
+def exchange_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray) -> None:
+    """Small-buffer allreduce: every rank sends its whole ``buf`` to every peer and folds all of them locally.
+
+    The fold runs in rank order on every rank, so every rank gets the same bits. ``scratch`` holds at least
+    ``(n - 1) * buf.size`` elements.
+    """
+    n, me = group.size, group.index
+    if n == 1 or buf.size == 0:
+        return
+    pending = [group.transport.isend(group.ranks[j], _view(buf)) for j in range(n) if j != me]
+    contributions = []
+    slot = 0
+    for j in range(n):
+        if j == me:
+            contributions.append(buf)
+            continue
+        incoming = scratch[slot * buf.size:(slot + 1) * buf.size]
+        group.transport.recv_into(group.ranks[j], _view(incoming))
+        contributions.append(incoming)
+        slot += 1
+    for p in pending:
+        p.wait()          # ``buf`` may be overwritten only once every peer has been sent our contribution
+    acc = contributions[0]
+    for c in contributions[1:]:
+        ufunc(acc, c, out=acc)
+    if acc is not buf:
+        buf[...] = acc

@@ -143,6 +143,11 @@ def _allreduce(response: Response, entries: Dict[str, Entry], group: Group, buff
                 activity("HIERARCHICAL_ALLREDUCE")
             scratch = buffers.get("scratch", work_dtype, -(-total // 2) + 1)
             hierarchical.allreduce(group.hierarchy, buf, reduction.ufunc_for(response.reduce_op), scratch)
+        elif buf.nbytes <= ring.EXCHANGE_MAX_BYTES:
+            if activity:
+                activity("EXCHANGE_ALLREDUCE")
+            scratch = buffers.get("scratch", work_dtype, (size - 1) * total + 1)
+            ring.exchange_allreduce(group, buf, reduction.ufunc_for(response.reduce_op), scratch)
         else:
             if activity:
                 activity("RING_ALLREDUCE")
