@@ -237,7 +237,7 @@ def test_timeline_is_chrome_trace_json(tmp_path):
                 env={"HOROVOD_TIMELINE": path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
     events = json.load(open(path))
     names = {e.get("name") for e in events}
-    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "RING_ALLREDUCE", "BROADCAST",
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "EXCHANGE_ALLREDUCE", "BROADCAST",
             "CYCLE_START", "0", "1"} <= names
     tensors = {e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"] > 0}
     assert {"allreduce.w0", "allreduce.w1", "allreduce.w2", "broadcast.b"} <= tensors

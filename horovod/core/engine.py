@@ -43,6 +43,10 @@ def _is_early_message(frame) -> bool:
     return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "msg"
 
 
+def _is_reply(frame) -> bool:
+    return isinstance(frame, tuple) and len(frame) == 2 and isinstance(frame[1], list)
+
+
 def _is_want(frame) -> bool:
     return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] in (_PENDING, _NEW)
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
@@ -148,6 +152,7 @@ class Engine:
         self._next_set_id = 1
         self._presented = False                 # a follower sent its global-set message before the cycle started
         self._early: Dict[int, tuple] = {}      # rank 0: those messages, by rank, until the cycle reads them
+        self._reply: Optional[tuple] = None     # a follower: the global set's reply that started this cycle
         self.cycle_time = config.cycle_time / 1000.0
         self._cycle_bytes = 0
         self.autotuner = None
@@ -308,7 +313,10 @@ class Engine:
             self._drain_wake()
             last_start = time.monotonic()
             for peer in peers:
-                self.transport.send_obj(peer, _GO)
+                # A rank whose message for this cycle is already here learns that the cycle started from the
+                # global set's reply itself: one frame (and one wake-up on that rank) less per cycle.
+                if peer not in self._early:
+                    self.transport.send_obj(peer, _GO)
             wanted = _IDLE
             if self._cycle():
                 return
@@ -334,8 +342,10 @@ class Engine:
             if coordinator_fd in readable:
                 frame = self.transport.recv_obj(0)
                 if frame != _GO:
-                    raise HorovodInternalError(f"rank {self.rank} expected a cycle start from rank 0, got "
-                                               f"{frame!r:.100}")
+                    if not (self._presented and _is_reply(frame)):
+                        raise HorovodInternalError(f"rank {self.rank} expected a cycle start from rank 0, got "
+                                                   f"{frame!r:.100}")
+                    self._reply = frame      # the answer to the message we presented: the cycle has started
                 asked = _IDLE
                 if self._cycle():
                     return
@@ -419,12 +429,15 @@ class Engine:
                 transport.send_obj(peer, (stop, encoded))
             return stop, batches
         coordinator = state.ranks[0]
+        reply = None
         if state.id == 0 and self._presented:
             self._presented = False          # this cycle answers the message we sent while idle
+            reply, self._reply = self._reply, None
         else:
             transport.send_obj(coordinator, self._message(state, shutdown))
-        reply = transport.recv_obj(coordinator)
-        if not (isinstance(reply, tuple) and len(reply) == 2 and isinstance(reply[1], list)):
+        if reply is None:
+            reply = transport.recv_obj(coordinator)
+        if not _is_reply(reply):
             raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
         try:
             batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
