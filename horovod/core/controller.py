@@ -148,6 +148,20 @@ class Coordinator:
             self._joined.clear()
         return batches, shutdown, reports
 
+    def waiting(self) -> bool:
+        """Whether some tensor waits for ranks (or a group for its other tensors)."""
+        return bool(self._pending or self._fast or self._held)
+
+    def has(self, name: str, index: int) -> bool:
+        """Whether the rank at ``index`` has submitted ``name`` (waiting here) or has joined."""
+        if index in self._joined:
+            return True
+        pending = self._pending.get(name)
+        if pending is not None and index in pending:
+            return True
+        arrived = self._fast.get(name)
+        return arrived is not None and index in arrived
+
     def _to_slow_track(self, name: str) -> None:
         """Move a fast-track name to full validation, with the requests its ranks' bits stand for."""
         arrived = self._fast.pop(name, None)

@@ -28,6 +28,7 @@ from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OpType, Request, Response, nbytes
 from horovod.core import fusion
 from horovod.core.controller import FATAL_ERROR, Coordinator, Message
+from horovod.core import handles
 from horovod.core.handles import Handle
 from horovod.core.ops import Buffers, Entry, execute
 from horovod.core.response_cache import ResponseCache, split_hits
@@ -37,6 +38,8 @@ log = logging.getLogger("horovod")
 
 _GO = ("go",)
 _IDLE, _PENDING, _NEW = 0, 1, 2   # how urgently a rank needs a cycle
+_POLL_SECONDS = 0.05    # while tensors wait for other ranks, rank 0 looks again this often (stall checks)
+_ANNOUNCED_POLL_SECONDS = 0.01   # ... and this often while a follower's early message waits for a cycle
 
 
 def _is_early_message(frame) -> bool:
@@ -153,6 +156,10 @@ class Engine:
         self._presented = False                 # a follower sent its global-set message before the cycle started
         self._early: Dict[int, tuple] = {}      # rank 0: those messages, by rank, until the cycle reads them
         self._reply: Optional[tuple] = None     # a follower: the global set's reply that started this cycle
+        self._early_names: Dict[int, set] = {}  # rank 0: names each early message announces, until the cycle
+        self._early_urgent = False              # rank 0: an early message carries a join or shutdown
+        self._blocked = 0                       # rank 0: threads of this process blocked on a handle
+        self._blocked_lock = threading.Lock()
         self.cycle_time = config.cycle_time / 1000.0
         self._cycle_bytes = 0
         self.autotuner = None
@@ -170,6 +177,8 @@ class Engine:
     def start(self) -> None:
         if 0 not in self._sets:
             self.add_static_set(0, range(self.size))
+        if self.rank == 0:
+            handles.set_blocking_hook(self._on_blocking)
         self._thread = threading.Thread(target=self._run, name="horovod-engine", daemon=True)
         self._thread.start()
 
@@ -233,6 +242,12 @@ class Engine:
         sets = dict(self._sets)     # a copy in one step: the loop may add or remove sets meanwhile
         return {i: s.ranks for i, s in sorted(sets.items())}
 
+    def _on_blocking(self, delta: int) -> None:
+        with self._blocked_lock:
+            self._blocked += delta
+        if delta > 0:
+            self._notify()
+
     # -- the loop --------------------------------------------------------------------------------------------------
 
     def _notify(self) -> None:
@@ -276,6 +291,8 @@ class Engine:
             log.exception("Horovod background loop failed")
             self._error = f"Horovod background loop failed on rank {self.rank}: {exc!r}"
         finally:
+            if self.rank == 0 and handles._blocking_hook == self._on_blocking:
+                handles.set_blocking_hook(None)
             if self.transport is not None:
                 self.transport.close()
             self._fail_all(self._error or SHUT_DOWN_MESSAGE)
@@ -285,10 +302,14 @@ class Engine:
             self._wake_w.close()
 
     def _drive(self) -> None:
-        """Rank 0: start a cycle as soon as any rank has new requests.
+        """Rank 0: start a cycle as soon as one can make a tensor ready.
 
-        When ranks only wait for each other (tensors pending on some ranks), cycles are spaced by the cycle time
-        so that waiting does not become spinning.
+        A tensor becomes ready when its last rank submits it, so a cycle starts when a name that rank 0 itself just
+        submitted, or that a follower just announced (its early message), has now been submitted by every rank of
+        the global set; at once for anything rank 0 cannot look into (other process sets, shutdown, a join). While
+        ranks merely wait for each other nothing is exchanged: during a backward pass every gradient would
+        otherwise cost a cycle on every rank, which on a busy CPU is time taken from the computation. A slow poll
+        (at least ``HOROVOD_CYCLE_TIME``) still runs while anything is pending, for stall checks.
         """
         peers = list(range(1, self.size))
         fds = {self.transport.fileno(p): p for p in peers} if peers else {}
@@ -296,14 +317,24 @@ class Engine:
         last_start = float("-inf")
         while True:
             while True:
-                urgency = max(wanted, self._work())
-                timeout = None
-                if urgency == _NEW:
-                    break
-                if urgency == _PENDING:
-                    timeout = last_start + self.cycle_time - time.monotonic()
-                    if timeout <= 0:
+                if wanted == _NEW or self._cycle_is_useful():
+                    # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles
+                    # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a waiting caller starts one at once.
+                    spacing = last_start + self.cycle_time - time.monotonic()
+                    if self._blocked > 0 or spacing <= 0:
                         break
+                    select.select([self._wake_r], [], [], spacing)
+                    self._drain_wake()
+                    continue
+                timeout = None
+                if self._early_names:
+                    # A follower that has sent its message stays silent until the cycle: requests it made since
+                    # are only seen by polling, soon (rank 0's own new requests start a cycle at once, above).
+                    timeout = last_start + max(self.cycle_time, _ANNOUNCED_POLL_SECONDS) - time.monotonic()
+                elif self._work() != _IDLE or self._sets[0].coordinator.waiting():
+                    timeout = last_start + max(self.cycle_time, _POLL_SECONDS) - time.monotonic()
+                if timeout is not None and timeout <= 0:
+                    break
                 readable, _, _ = select.select([self._wake_r] + list(fds), [], [], timeout)
                 for fd in readable:
                     if fd is self._wake_r:
@@ -318,24 +349,62 @@ class Engine:
                 if peer not in self._early:
                     self.transport.send_obj(peer, _GO)
             wanted = _IDLE
+            self._early_names.clear()
+            self._early_urgent = False
             if self._cycle():
                 return
 
+    def _cycle_is_useful(self) -> bool:
+        """Rank 0: could a cycle started now make something ready (or must it run regardless)?"""
+        if self._shutdown or self._early_urgent:
+            return True
+        for set_id, state in self._sets.items():
+            if set_id != 0 and state.index >= 0 and state.queue:
+                return True
+        state = self._sets[0]
+        coordinator = state.coordinator
+        if self.size == 1:
+            return bool(state.queue)
+        queued = list(state.queue)
+        if queued and self._early_names:
+            return True     # our new requests may complete what a silent follower submitted after its message
+        if any(r.op == OpType.JOIN for r in queued):
+            return True
+        candidates = [r.name for r in queued]
+        for names in self._early_names.values():
+            candidates.extend(names)
+        if not candidates:
+            return False
+        early, entries = self._early_names, state.entries
+        for name in candidates:
+            if name not in entries and not coordinator.has(name, 0):
+                continue
+            for index in range(1, self.size):
+                announced = early.get(index)
+                if not ((announced is not None and name in announced) or coordinator.has(name, index)):
+                    break
+            else:
+                return True
+        return False
+
     def _follow(self) -> None:
-        """Other ranks: ask rank 0 for a cycle when there is work, run one when told to."""
+        """Other ranks: announce new requests to rank 0 (or ask it for a cycle), run a cycle when told to."""
         coordinator_fd = self.transport.fileno(0)
         asked = _IDLE
         while True:
-            work = self._work()
-            if work > asked:
-                if work == _NEW and not self._presented:
+            # After the early message nothing more may be sent until the cycle starts: rank 0 may already be
+            # executing, and a frame arriving then would land in the middle of the data phase.
+            if not self._presented and self._work() == _NEW:
+                if self._sets[0].queue and not self._shutdown and not any(
+                        state.queue for set_id, state in self._sets.items() if set_id != 0):
                     # Send the global set's message for the next cycle right away instead of asking for a cycle
-                    # and then sending it: one network hop less before rank 0 can answer.
+                    # and then sending it: one network hop less, and rank 0 sees which names it completes.
                     self.transport.send_obj(0, ("msg", self._message(self._sets[0], self._shutdown)))
                     self._presented = True
-                else:
-                    self.transport.send_obj(0, ("want", work))
-                asked = work
+                elif asked != _NEW:
+                    # Work rank 0 cannot see (another set, shutdown): a cycle now.
+                    self.transport.send_obj(0, ("want", _NEW))
+                    asked = _NEW
             readable, _, _ = select.select([self._wake_r, coordinator_fd], [], [])
             if self._wake_r in readable:
                 self._drain_wake()
@@ -365,11 +434,27 @@ class Engine:
         """Read what an idle rank sent: a cycle request, or its global-set message for the next cycle."""
         frame = self.transport.recv_obj(peer)
         if _is_early_message(frame):
+            if peer in self._early:
+                raise HorovodInternalError(f"rank {peer} sent two messages for one cycle")
             self._early[peer] = frame[1]
-            return _NEW
+            self._announce(peer, frame[1])
+            return _IDLE
         if not _is_want(frame):
             raise HorovodInternalError(f"rank 0 expected a cycle request from rank {peer}, got {frame!r:.100}")
         return frame[1]
+
+    def _announce(self, peer: int, message) -> None:
+        """Note the names a follower's early message carries, for :meth:`_cycle_is_useful`."""
+        try:
+            shutdown, hits, requests = message
+            cache = self._sets[0].cache
+            names = {cache.name(bit) for bit in hits}
+            names.update(r[0] for r in requests)
+            urgent = bool(shutdown) or any(r[1] == OpType.JOIN for r in requests)
+        except (TypeError, ValueError, KeyError, IndexError):
+            urgent, names = True, set()     # malformed: the cycle decodes it and reports the error
+        self._early_names[peer] = names
+        self._early_urgent = self._early_urgent or urgent
 
     @staticmethod
     def _message(state: _SetState, shutdown: bool) -> tuple:

@@ -6,6 +6,16 @@ import threading
 from typing import Any, Callable, List, Optional
 
 
+# Called with +1 when a thread is about to block on an unfinished handle and -1 when it stops: the engine batches
+# tensors while nobody waits for a result, and hurries as soon as somebody does.
+_blocking_hook: Optional[Callable[[int], None]] = None
+
+
+def set_blocking_hook(hook: Optional[Callable[[int], None]]) -> None:
+    global _blocking_hook
+    _blocking_hook = hook
+
+
 class Handle:
     """Completion of one collective. ``result()`` blocks, then returns the output or raises the op's error.
 
@@ -53,9 +63,16 @@ class Handle:
     def wait(self, timeout: Optional[float] = None) -> bool:
         if self._done:
             return True
-        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
-            self._lock.release()
-            return True
+        hook = _blocking_hook
+        if hook is not None:
+            hook(1)
+        try:
+            if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+                self._lock.release()
+                return True
+        finally:
+            if hook is not None:
+                hook(-1)
         return self._done
 
     def exception(self) -> Optional[BaseException]:
