@@ -17,6 +17,7 @@ from horovod.algorithms import reduction
 from horovod.algorithms.group import Group, segment_bounds
 
 CHUNK_BYTES = 4 << 20   # a few barriers per large buffer, while chunks still fit in the L3 cache
+BLOCK_BYTES = 256 << 10  # the reduced slice goes back to the caller's buffer in blocks that fit in the L2 cache
 
 
 def _half(group: Group, position: int, half: int, dtype, count: int) -> np.ndarray:
@@ -51,13 +52,16 @@ def allreduce(group: Group, buf: np.ndarray, ufunc, post: float = 1.0) -> None:
         mine[:lo] = buf[start:start + lo]
         mine[hi:] = buf[start + hi:stop]
         shm.barrier()
-        if hi > lo:
-            own, result = buf[start + lo:start + hi], mine[lo:hi]
+        # Block by block, so that the result is copied back (and scaled) while it is still in the cache.
+        block = max(1, BLOCK_BYTES // itemsize)
+        peers = [_half(group, peer, half, buf.dtype, count) for peer in range(n) if peer != me]
+        for b_lo in range(lo, hi, block):
+            b_hi = min(hi, b_lo + block)
+            own, result = buf[start + b_lo:start + b_hi], mine[b_lo:b_hi]
             source = own
-            for peer in range(n):
-                if peer != me:
-                    ufunc(source, _half(group, peer, half, buf.dtype, count)[lo:hi], out=result)
-                    source = result
+            for theirs in peers:
+                ufunc(source, theirs[b_lo:b_hi], out=result)
+                source = result
             if fused_scale:
                 np.multiply(result, factor, out=own)
             else:

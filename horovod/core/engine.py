@@ -160,6 +160,7 @@ class Engine:
         self._early_urgent = False              # rank 0: an early message carries a join or shutdown
         self._blocked = 0                       # rank 0: threads of this process blocked on a handle
         self._blocked_lock = threading.Lock()
+        self._waited = False                    # rank 0: a thread blocked on a handle since the last cycle start
         self.cycle_time = config.cycle_time / 1000.0
         self._cycle_bytes = 0
         self.autotuner = None
@@ -246,6 +247,7 @@ class Engine:
         with self._blocked_lock:
             self._blocked += delta
         if delta > 0:
+            self._waited = True
             self._notify()
 
     # -- the loop --------------------------------------------------------------------------------------------------
@@ -315,13 +317,14 @@ class Engine:
         fds = {self.transport.fileno(p): p for p in peers} if peers else {}
         wanted = _IDLE
         last_start = float("-inf")
+        waited_before = False
         while True:
             while True:
                 if wanted == _NEW or self._cycle_is_useful():
                     # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles
                     # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a waiting caller starts one at once.
                     spacing = last_start + self.cycle_time - time.monotonic()
-                    if self._blocked > 0 or spacing <= 0:
+                    if self._blocked > 0 or self._waited or waited_before or spacing <= 0:
                         break
                     select.select([self._wake_r], [], [], spacing)
                     self._drain_wake()
@@ -343,6 +346,9 @@ class Engine:
                         wanted = max(wanted, self._expect_want(fds[fd]))
             self._drain_wake()
             last_start = time.monotonic()
+            # Somebody waited for results since the previous cycle started: a blocking (latency-bound) caller,
+            # whose next request should not wait for the cycle time either.
+            waited_before, self._waited = self._waited, self._blocked > 0
             for peer in peers:
                 # A rank whose message for this cycle is already here learns that the cycle started from the
                 # global set's reply itself: one frame (and one wake-up on that rank) less per cycle.
