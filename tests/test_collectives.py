@@ -100,6 +100,7 @@ def _multi_chunk_allreduces():
     import horovod.numpy as hvd
     from horovod.algorithms import shm_collectives
     shm_collectives.CHUNK_BYTES = 64 << 10    # several chunks, both segment halves, and a partial last chunk
+    shm_collectives.BLOCK_BYTES = 6 << 10     # and several blocks per reduced slice, the last one partial
     hvd.init()
     try:
         me, n = hvd.rank(), hvd.size()
