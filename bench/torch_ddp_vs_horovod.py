@@ -1,6 +1,6 @@
 """Training throughput of horovod-py beside torch DistributedDataParallel (Gloo), same model, same run.
 
-    python bench/torch_ddp_vs_horovod.py --model resnet8 --batch-size 32
+    python bench/torch_ddp_vs_horovod.py --model resnet8 --batch-size 32 [--rounds 3]
 
 1. ``horovodrun -np N python examples/pytorch_synthetic_benchmark.py ...`` (this package's launcher);
 2. the same model, batch and timing loop under ``torch.nn.parallel.DistributedDataParallel`` with the Gloo
@@ -37,6 +37,9 @@ def parse_args():
     parser.add_argument("--num-iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--fp16-allreduce", action="store_true", help="horovod-py only: fp16 gradient compression")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternate the two this many times (a shared VM's speed drifts between runs); the "
+                             "ratio reported is the median of the rounds' ratios")
     return parser.parse_args()
 
 
@@ -87,13 +90,18 @@ def run_ddp(args):
 def main():
     args = parse_args()
     print(f"model {args.model}, batch {args.batch_size} per worker, images {args.image_size}x{args.image_size}, "
-          f"{args.np} workers, {args.threads} thread(s) each", flush=True)
-    horovod_rate = run_horovod(args)
-    print(f"horovod-py  (horovodrun -np {args.np}{', fp16 allreduce' if args.fp16_allreduce else ''}): "
-          f"{horovod_rate:8.1f} img/sec total", flush=True)
-    ddp_rate = run_ddp(args)
-    print(f"torch DDP   (Gloo, {args.np} processes):          {ddp_rate:8.1f} img/sec total", flush=True)
-    print(f"ratio horovod-py / DDP: {horovod_rate / ddp_rate:.2f}")
+          f"{args.np} workers, {args.threads} thread(s) each, {args.rounds} alternating round(s)", flush=True)
+    ratios = []
+    for round_ in range(args.rounds):
+        horovod_rate = run_horovod(args)
+        print(f"round {round_ + 1}: horovod-py (horovodrun -np {args.np}"
+              f"{', fp16 allreduce' if args.fp16_allreduce else ''}): {horovod_rate:8.1f} img/sec total", flush=True)
+        ddp_rate = run_ddp(args)
+        print(f"round {round_ + 1}: torch DDP  (Gloo, {args.np} processes):  {ddp_rate:8.1f} img/sec total",
+              flush=True)
+        ratios.append(horovod_rate / ddp_rate)
+    print(f"ratios per round: {', '.join(f'{r:.2f}' for r in ratios)}")
+    print(f"ratio horovod-py / DDP: {float(np.median(ratios)):.2f}")
 
 
 if __name__ == "__main__":

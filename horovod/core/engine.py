@@ -16,6 +16,7 @@ next one, so batching adapts to how long a cycle takes.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import threading
@@ -118,7 +119,9 @@ def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config
     if len(hosts) != 1:
         return None
     prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-{tag}"
-    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes)
+    # Spinning is only polite while every local rank has a core of its own.
+    spin = shm.SPIN_SECONDS if len(ranks) <= (os.cpu_count() or 1) else 0.0
+    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes, spin)
 
 
 def _encode(response: Response, bit: Optional[int]):
