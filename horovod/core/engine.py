@@ -40,6 +40,11 @@ log = logging.getLogger("horovod")
 _GO = ("go",)
 _IDLE, _PENDING, _NEW = 0, 1, 2   # how urgently a rank needs a cycle
 _POLL_SECONDS = 0.05    # while tensors wait for other ranks, rank 0 looks again this often (stall checks)
+# Cycles that nobody waits for (a backward pass submitting gradients one by one) are spaced by at least this much
+# unless HOROVOD_CYCLE_TIME is set: each cycle costs every rank a few wake-ups, a CPU-bound training step loses that
+# time, and a few milliseconds let a burst of gradients fuse into one buffer. A caller waiting for a result never
+# waits for it.
+_BATCH_SPACING_SECONDS = 0.005
 _ANNOUNCED_POLL_SECONDS = 0.01   # ... and this often while a follower's early message waits for a cycle
 
 
@@ -60,13 +65,13 @@ SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exceptio
 class _SetState:
     """Everything the engine keeps for one process set."""
 
-    def __init__(self, set_id: int, ranks: Sequence[int], rank: int, transport, config):
+    def __init__(self, set_id: int, ranks: Sequence[int], rank: int, transport, config, may_spin=None):
         self.id = set_id
         self.ranks = tuple(ranks)
         self.index = self.ranks.index(rank) if rank in self.ranks else -1
         self.group = Group(self.ranks, self.index, transport,
-                           _shared_memory(f"s{set_id}", self.ranks, self.index, transport, config),
-                           _hierarchy(set_id, self.ranks, self.index, transport, config)) \
+                           _shared_memory(f"s{set_id}", self.ranks, self.index, transport, config, may_spin),
+                           _hierarchy(set_id, self.ranks, self.index, transport, config, may_spin)) \
             if self.index >= 0 else None
         self.cache = ResponseCache(config.cache_capacity)
         self.coordinator = Coordinator(
@@ -85,7 +90,7 @@ class _SetState:
         return requests
 
 
-def _hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config):
+def _hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config, may_spin=None):
     """Local and cross groups for hierarchical allreduce, when asked for and the set spans several hosts."""
     if not config.hierarchical_allreduce or index < 0 or transport is None or not transport.hostnames:
         return None
@@ -98,7 +103,7 @@ def _hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config)
     local_index = local_ranks.index(ranks[index])
     host_index = order.index(mine)
     local = Group(local_ranks, local_index, transport,
-                  _shared_memory(f"s{set_id}h{host_index}", local_ranks, local_index, transport, config))
+                  _shared_memory(f"s{set_id}h{host_index}", local_ranks, local_index, transport, config, may_spin))
     leaders = tuple(next(r for r, h in zip(ranks, hosts) if h == host) for host in order)
     cross = Group(leaders, leaders.index(ranks[index]), transport) if ranks[index] in leaders else None
     return Hierarchy(local, cross)
@@ -111,7 +116,7 @@ def _close_segments(state: "_SetState") -> None:
                 segments.close()
 
 
-def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config):
+def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config, may_spin=None):
     """Shared-memory segments for a set whose ranks all live on this host (unless HOROVOD_SHM_DISABLE)."""
     if index < 0 or len(ranks) < 2 or transport is None or config.shm_disable or not shm.available():
         return None
@@ -121,7 +126,7 @@ def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config
     prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-{tag}"
     # Spinning is only polite while every local rank has a core of its own.
     spin = shm.SPIN_SECONDS if len(ranks) <= (os.cpu_count() or 1) else 0.0
-    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes, spin)
+    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes, spin, may_spin)
 
 
 def _encode(response: Response, bit: Optional[int]):
@@ -161,10 +166,12 @@ class Engine:
         self._reply: Optional[tuple] = None     # a follower: the global set's reply that started this cycle
         self._early_names: Dict[int, set] = {}  # rank 0: names each early message announces, until the cycle
         self._early_urgent = False              # rank 0: an early message carries a join or shutdown
-        self._blocked = 0                       # rank 0: threads of this process blocked on a handle
+        self._blocked = 0                       # threads of this process blocked on a handle
         self._blocked_lock = threading.Lock()
         self._waited = False                    # rank 0: a thread blocked on a handle since the last cycle start
         self.cycle_time = config.cycle_time / 1000.0
+        # Left at its default, the cycle time spaces batching cycles by at least _BATCH_SPACING_SECONDS (below).
+        self._default_spacing = not (hasattr(config, "is_explicit") and config.is_explicit("HOROVOD_CYCLE_TIME"))
         self._cycle_bytes = 0
         self.autotuner = None
         if config.autotune and rank == 0:
@@ -175,14 +182,13 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
     def add_static_set(self, set_id: int, ranks: Sequence[int]) -> None:
-        self._sets[set_id] = _SetState(set_id, ranks, self.rank, self.transport, self.config)
+        self._sets[set_id] = _SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait)
         self._next_set_id = max(self._next_set_id, set_id + 1)
 
     def start(self) -> None:
         if 0 not in self._sets:
             self.add_static_set(0, range(self.size))
-        if self.rank == 0:
-            handles.set_blocking_hook(self._on_blocking)
+        handles.set_blocking_hook(self._on_blocking)
         self._thread = threading.Thread(target=self._run, name="horovod-engine", daemon=True)
         self._thread.start()
 
@@ -249,9 +255,12 @@ class Engine:
     def _on_blocking(self, delta: int) -> None:
         with self._blocked_lock:
             self._blocked += delta
-        if delta > 0:
+        if delta > 0 and self.rank == 0:
             self._waited = True
             self._notify()
+
+    def _callers_wait(self) -> bool:
+        return self._blocked > 0
 
     # -- the loop --------------------------------------------------------------------------------------------------
 
@@ -296,7 +305,7 @@ class Engine:
             log.exception("Horovod background loop failed")
             self._error = f"Horovod background loop failed on rank {self.rank}: {exc!r}"
         finally:
-            if self.rank == 0 and handles._blocking_hook == self._on_blocking:
+            if handles._blocking_hook == self._on_blocking:
                 handles.set_blocking_hook(None)
             if self.transport is not None:
                 self.transport.close()
@@ -326,7 +335,7 @@ class Engine:
                 if wanted == _NEW or self._cycle_is_useful():
                     # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles
                     # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a waiting caller starts one at once.
-                    spacing = last_start + self.cycle_time - time.monotonic()
+                    spacing = last_start + self._batch_spacing() - time.monotonic()
                     if self._blocked > 0 or self._waited or waited_before or spacing <= 0:
                         break
                     select.select([self._wake_r], [], [], spacing)
@@ -362,6 +371,9 @@ class Engine:
             self._early_urgent = False
             if self._cycle():
                 return
+
+    def _batch_spacing(self) -> float:
+        return max(self.cycle_time, _BATCH_SPACING_SECONDS) if self._default_spacing else self.cycle_time
 
     def _cycle_is_useful(self) -> bool:
         """Rank 0: could a cycle started now make something ready (or must it run regardless)?"""
@@ -473,6 +485,7 @@ class Engine:
     def _apply_tuning(self, fusion_threshold: int, cycle_time_ms: float) -> None:
         """Autotune's choice; both knobs act on rank 0 only (it plans fusion and starts cycles)."""
         self.cycle_time = cycle_time_ms / 1000.0
+        self._default_spacing = False
         for state in list(self._sets.values()):
             if state.coordinator is not None:
                 state.coordinator.fusion_threshold = fusion_threshold
@@ -588,7 +601,7 @@ class Engine:
                     return -set_id - 1  # caller reports the duplicate
             set_id = self._next_set_id
             self._next_set_id += 1
-            self._sets[set_id] = _SetState(set_id, ranks, self.rank, self.transport, self.config)
+            self._sets[set_id] = _SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait)
             return set_id
         set_id = ranks[0] if ranks else -1
         removed = self._sets.pop(set_id, None) if set_id > 0 else None

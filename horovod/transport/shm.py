@@ -38,9 +38,10 @@ class ShmSegments:
     """One growable segment per rank of a group; ``view(i)`` maps rank ``i``'s segment as bytes."""
 
     def __init__(self, transport, ranks: Sequence[int], index: int, prefix: str, min_bytes: int = 64 * 1024,
-                 spin_seconds: float = 0.0):
+                 spin_seconds: float = 0.0, may_spin=None):
         self.transport = transport
         self.spin_seconds = spin_seconds
+        self.may_spin = may_spin      # called per barrier: spinning is only cheap while the caller's threads wait
         self.min_bytes = min_bytes
         self.ranks = tuple(ranks)
         self.index = index
@@ -59,15 +60,16 @@ class ShmSegments:
         """Every rank of the group has called ``barrier`` as often as this one.
 
         The bytes exchanged over the group's connections are the barrier (they also notice a dead peer). While
-        ranks do not outnumber cores, a rank first spins briefly on its peers' counters in shared memory: once a
-        counter moved, that peer's byte has been sent, so the receive below returns at once instead of sleeping,
-        and a sleep and wake-up costs more than the whole exchange on a virtual machine.
+        ranks do not outnumber cores and the process has nothing else to run (its callers wait for results), a rank
+        first spins briefly on its peers' counters in shared memory: once a counter moved, that peer's byte has been
+        sent, so the receive below returns at once instead of sleeping, and a sleep and wake-up costs more than the
+        whole exchange on a virtual machine. During a training step the cores compute, and nobody spins.
         """
         n = len(self.ranks)
         if n == 1:
             return
-        if self.spin_seconds > 0 and self._flags:
-            self._spinning_barrier(n)
+        if self._flags:
+            self._flagged_barrier(n)
             return
         distance = 1
         while distance < n:
@@ -78,7 +80,8 @@ class ShmSegments:
             pending.wait()
             distance *= 2
 
-    def _spinning_barrier(self, n: int) -> None:
+    def _flagged_barrier(self, n: int) -> None:
+        # Every rank counts its barriers in its segment's header, whether or not it spins itself.
         peers = [p for p in range(n) if p != self.index]
         pending = [self.transport.isend(self.ranks[p], memoryview(b"\x01")) for p in peers]
         for p in pending:
@@ -86,11 +89,12 @@ class ShmSegments:
         self._epoch += 1
         epoch = self._epoch
         self._flags[self.index][0] = epoch      # after our bytes are on their way
-        deadline = time.perf_counter() + self.spin_seconds
-        for p in peers:
-            flag = self._flags[p]
-            while flag[0] < epoch and time.perf_counter() < deadline:
-                pass
+        if self.spin_seconds > 0 and (self.may_spin is None or self.may_spin()):
+            deadline = time.perf_counter() + self.spin_seconds
+            for p in peers:
+                flag = self._flags[p]
+                while flag[0] < epoch and time.perf_counter() < deadline:
+                    pass
         for p in peers:
             self.transport.recv_into(self.ranks[p], memoryview(self._token))
 
