@@ -133,3 +133,47 @@ def test_shared_memory_allreduce_over_several_chunks_with_fused_scaling():
         for key, value in want.items():
             np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=f"rank {rank} {key}")
         assert all(np.array_equal(got[k], results[0][k]) for k in want), f"rank {rank} differs from rank 0"
+
+
+def _mixed_back_to_back():
+    import random
+    import time as clock
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.algorithms import shm_collectives
+    shm_collectives.CHUNK_BYTES = 32 << 10     # many chunks: halves alternate within and across collectives
+    hvd.init()
+    try:
+        me, n = hvd.rank(), hvd.size()
+        jitter = random.Random(me)
+        failures = []
+        for i in range(40):
+            count = 20_000 + 3_000 * (i % 5)
+            x = np.full(count, me + 1.0 + i, np.float32)
+            if jitter.random() < 0.3:
+                clock.sleep(jitter.random() * 0.003)   # perturb timing: a rank lagging inside the sequence
+            kind = i % 4
+            if kind == 0:
+                got = hvd.allreduce(x, op=hvd.Sum, name=f"ar{i}")
+                want = np.full(count, sum(r + 1.0 + i for r in range(n)), np.float32)
+            elif kind == 1:
+                got = hvd.broadcast(x, root_rank=i % n, name=f"bc{i}")
+                want = np.full(count, (i % n) + 1.0 + i, np.float32)
+            elif kind == 2:
+                got = hvd.allgather(x, name=f"ag{i}")
+                want = np.concatenate([np.full(count, r + 1.0 + i, np.float32) for r in range(n)])
+            else:
+                got, _ = hvd.alltoall(np.concatenate([x] * n), name=f"a2a{i}")
+                want = np.concatenate([np.full(count, r + 1.0 + i, np.float32) for r in range(n)])
+            if not np.array_equal(got, want):
+                failures.append(f"op {i} (kind {kind}) differs")
+        return failures
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.ranks
+def test_shared_memory_collectives_back_to_back_without_closing_barriers():
+    for rank, failures in enumerate(spawn_ranks(_mixed_back_to_back, 3, timeout=120,
+                                                env={"HOROVOD_SHM_MIN_BYTES": "0"})):
+        assert failures == [], f"rank {rank}: {failures}"

@@ -3,8 +3,10 @@
 Allreduce, chunk by chunk: every rank copies the slices its peers will reduce into its own segment; after a barrier
 each rank reduces its own slice in its own buffer, reading that slice straight from its peers' segments, and publishes
 the result; after a second barrier every rank copies the peers' reduced slices out. Each slice is reduced by exactly one rank, so every rank gets the same bits.
-Chunks alternate between the two halves of each segment, so two barriers per chunk suffice: the barrier that
-publishes chunk k+1 also proves that everybody finished reading chunk k-1, whose half chunk k+1 reuses.
+Chunks alternate between the two halves of each segment, also from one collective to the next (the segments keep
+the count), so no collective needs a barrier of its own at its end: the barrier that publishes chunk k+1 also proves
+that everybody finished reading chunk k-1, whose half chunk k+1 reuses. Alltoall and reducescatter use whole
+segments, so they first wait (``settle``) until everybody finished reading what came before.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ def allreduce(group: Group, buf: np.ndarray, ufunc, post: float = 1.0) -> None:
     factor = buf.dtype.type(post) if fused_scale else None
     chunk = max(1, min(buf.size, CHUNK_BYTES // itemsize))
     shm.ensure(2 * chunk * itemsize)
-    for k, start in enumerate(range(0, buf.size, chunk)):
+    for start in range(0, buf.size, chunk):
         stop = min(buf.size, start + chunk)
         count = stop - start
-        half = k % 2
+        half = shm.next_half()
         mine = _half(group, me, half, buf.dtype, count)
         bounds = segment_bounds(count, n)
         lo, hi = bounds[me], bounds[me + 1]
@@ -75,8 +77,7 @@ def allreduce(group: Group, buf: np.ndarray, ufunc, post: float = 1.0) -> None:
                     np.multiply(published, factor, out=buf[start + a:start + b])
                 else:
                     buf[start + a:start + b] = published
-    # The next collective writes into half 0 again; make sure everybody finished reading this one's last chunk.
-    shm.barrier()
+    shm.unsettle()
     if post != 1.0 and not fused_scale:
         reduction.scale(buf, post)
 
@@ -92,8 +93,8 @@ def allgatherv(group: Group, out: np.ndarray, byte_counts: Sequence[int]) -> Non
         return
     chunk = min(largest, CHUNK_BYTES)
     shm.ensure(2 * chunk)
-    for k, start in enumerate(range(0, largest, chunk)):
-        half = k % 2
+    for start in range(0, largest, chunk):
+        half = shm.next_half()
         mine_len = max(0, min(byte_counts[me] - start, chunk))
         if mine_len:
             _half(group, me, half, np.uint8, mine_len)[:] = out[offsets[me] + start:offsets[me] + start + mine_len]
@@ -104,7 +105,7 @@ def allgatherv(group: Group, out: np.ndarray, byte_counts: Sequence[int]) -> Non
             length = max(0, min(byte_counts[peer] - start, chunk))
             if length:
                 out[offsets[peer] + start:offsets[peer] + start + length] = _half(group, peer, half, np.uint8, length)
-    shm.barrier()
+    shm.unsettle()
 
 
 def broadcast(group: Group, buf: np.ndarray, root_index: int) -> None:
@@ -114,15 +115,15 @@ def broadcast(group: Group, buf: np.ndarray, root_index: int) -> None:
         return
     chunk = min(buf.size, CHUNK_BYTES)
     shm.ensure(2 * chunk)
-    for k, start in enumerate(range(0, buf.size, chunk)):
-        half = k % 2
+    for start in range(0, buf.size, chunk):
+        half = shm.next_half()
         length = min(chunk, buf.size - start)
         if me == root_index:
             _half(group, me, half, np.uint8, length)[:] = buf[start:start + length]
         shm.barrier()
         if me != root_index:
             buf[start:start + length] = _half(group, root_index, half, np.uint8, length)
-    shm.barrier()
+    shm.unsettle()
 
 
 def alltoall(group: Group, send: np.ndarray, recv: np.ndarray, recv_bounds: Sequence[int],
@@ -134,6 +135,7 @@ def alltoall(group: Group, send: np.ndarray, recv: np.ndarray, recv_bounds: Sequ
     """
     shm, n = group.shm, group.size
     shm.ensure(max(largest_send, 1))
+    shm.settle()
     shm.view(group.index)[:send.size] = send
     shm.barrier()
     for peer in range(n):
@@ -149,6 +151,7 @@ def reduce_scatter(group: Group, buf: np.ndarray, bounds: Sequence[int], ufunc) 
     shm, n, me = group.shm, group.size, group.index
     nbytes = buf.size * buf.itemsize
     shm.ensure(max(nbytes, 1))
+    shm.settle()
     mine = shm.view(me)[:nbytes].view(buf.dtype)
     mine[:] = buf
     shm.barrier()

@@ -253,9 +253,10 @@ class Engine:
         return {i: s.ranks for i, s in sorted(sets.items())}
 
     def _on_blocking(self, delta: int) -> None:
-        with self._blocked_lock:
-            self._blocked += delta
-        if delta > 0 and self.rank == 0:
+        if delta:
+            with self._blocked_lock:
+                self._blocked += delta
+        if delta >= 0 and self.rank == 0:
             self._waited = True
             self._notify()
 

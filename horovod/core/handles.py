@@ -6,8 +6,9 @@ import threading
 from typing import Any, Callable, List, Optional
 
 
-# Called with +1 when a thread is about to block on an unfinished handle and -1 when it stops: the engine batches
-# tensors while nobody waits for a result, and hurries as soon as somebody does.
+# Called with +1 when a thread is about to block on an unfinished handle, -1 when it stops, and 0 when a thread
+# polls an unfinished handle: the engine batches tensors while nobody waits for a result, and hurries as soon as
+# somebody does.
 _blocking_hook: Optional[Callable[[int], None]] = None
 
 
@@ -35,6 +36,11 @@ class Handle:
         self._callbacks: Optional[List[Callable[["Handle"], None]]] = None
 
     def done(self) -> bool:
+        if self._done:
+            return True
+        hook = _blocking_hook
+        if hook is not None:
+            hook(0)      # somebody polls for this result: as urgent as a blocked waiter
         return self._done
 
     def set_result(self, value: Any) -> None:

@@ -53,6 +53,8 @@ class ShmSegments:
         self._token = bytearray(1)
         self._flags: List[np.ndarray] = []   # per segment: the number of barriers its rank has entered
         self._epoch = 0
+        self._half = 0            # which half the next chunk of a halved collective uses
+        self._settled = True      # no peer can still be reading our segments
 
     # -- synchronisation --------------------------------------------------------------------------------------------
 
@@ -97,6 +99,21 @@ class ShmSegments:
                     pass
         for p in peers:
             self.transport.recv_into(self.ranks[p], memoryview(self._token))
+
+    def next_half(self) -> int:
+        """The half of every segment the next chunk uses; halves alternate across collectives too."""
+        half, self._half = self._half, self._half ^ 1
+        return half
+
+    def unsettle(self) -> None:
+        """A collective ended without a closing barrier: peers may still read its last chunk."""
+        self._settled = False
+
+    def settle(self) -> None:
+        """Before a collective that writes whole segments: everybody finished reading the previous one."""
+        if not self._settled:
+            self.barrier()
+            self._settled = True
 
     # -- segments ---------------------------------------------------------------------------------------------------
 
@@ -145,6 +162,7 @@ class ShmSegments:
         self._flags = [np.frombuffer(m, dtype=np.uint64, count=1) for m in maps]
         self._views = [np.frombuffer(m, dtype=np.uint8, offset=_HEADER) for m in maps]
         self._epoch = 0
+        self._settled = True      # ``ensure`` synchronised every rank before the old segments went
         self.capacity = capacity
 
     def view(self, position: int) -> np.ndarray:
