@@ -73,7 +73,7 @@ SETTINGS: Tuple[Setting, ...] = (
     S("HOROVOD_FUSION_THRESHOLD", int, 128 * MIB, "fusion buffer size in bytes; 0 disables fusion",
       flag="--fusion-threshold-mb", flag_scale=MIB, minimum=0),
     S("HOROVOD_CYCLE_TIME", float, 1.0, "minimum milliseconds between background cycles that no caller waits for "
-      "(left unset: at least 5, so that a backward pass's gradients fuse); a caller blocked on a result never waits",
+      "(left unset: at least 10, so that a backward pass's gradients fuse); a caller blocked on a result never waits",
       flag="--cycle-time-ms", minimum=0),
     S("HOROVOD_CACHE_CAPACITY", int, 1024, "response cache entries; 0 disables the cache",
       flag="--cache-capacity", minimum=0),

@@ -44,7 +44,7 @@ _POLL_SECONDS = 0.05    # while tensors wait for other ranks, rank 0 looks again
 # unless HOROVOD_CYCLE_TIME is set: each cycle costs every rank a few wake-ups, a CPU-bound training step loses that
 # time, and a few milliseconds let a burst of gradients fuse into one buffer. A caller waiting for a result never
 # waits for it.
-_BATCH_SPACING_SECONDS = 0.005
+_BATCH_SPACING_SECONDS = 0.010
 _ANNOUNCED_POLL_SECONDS = 0.01   # ... and this often while a follower's early message waits for a cycle
 
 
@@ -168,7 +168,7 @@ class Engine:
         self._early_urgent = False              # rank 0: an early message carries a join or shutdown
         self._blocked = 0                       # threads of this process blocked on a handle
         self._blocked_lock = threading.Lock()
-        self._waited = False                    # rank 0: a thread blocked on a handle since the last cycle start
+        self._waited = False                    # a thread blocked on a handle since the last cycle start
         self.cycle_time = config.cycle_time / 1000.0
         # Left at its default, the cycle time spaces batching cycles by at least _BATCH_SPACING_SECONDS (below).
         self._default_spacing = not (hasattr(config, "is_explicit") and config.is_explicit("HOROVOD_CYCLE_TIME"))
@@ -256,9 +256,10 @@ class Engine:
         if delta:
             with self._blocked_lock:
                 self._blocked += delta
-        if delta >= 0 and self.rank == 0:
+        if delta >= 0:
             self._waited = True
-            self._notify()
+            if self.rank == 0 or (not self._presented and self._sets[0].queue):
+                self._notify()     # rank 0 may start the cycle, a follower may announce its requests
 
     def _callers_wait(self) -> bool:
         return self._blocked > 0
@@ -413,21 +414,31 @@ class Engine:
         """Other ranks: announce new requests to rank 0 (or ask it for a cycle), run a cycle when told to."""
         coordinator_fd = self.transport.fileno(0)
         asked = _IDLE
+        waited_before = False
+        queued_since = None       # when the global set's queue last became non-empty
         while True:
+            timeout = None
             # After the early message nothing more may be sent until the cycle starts: rank 0 may already be
             # executing, and a frame arriving then would land in the middle of the data phase.
             if not self._presented and self._work() == _NEW:
                 if self._sets[0].queue and not self._shutdown and not any(
                         state.queue for set_id, state in self._sets.items() if set_id != 0):
                     # Send the global set's message for the next cycle right away instead of asking for a cycle
-                    # and then sending it: one network hop less, and rank 0 sees which names it completes.
-                    self.transport.send_obj(0, ("msg", self._message(self._sets[0], self._shutdown)))
-                    self._presented = True
+                    # and then sending it: one network hop less, and rank 0 sees which names it completes. While
+                    # nobody here waits for results, gather requests for the batch spacing first, so that the
+                    # message (and the cycle it completes) carries a burst of gradients rather than one.
+                    now = time.monotonic()
+                    queued_since = now if queued_since is None else queued_since
+                    timeout = queued_since + self._batch_spacing() - now
+                    if self._blocked > 0 or self._waited or waited_before or timeout <= 0:
+                        self.transport.send_obj(0, ("msg", self._message(self._sets[0], self._shutdown)))
+                        self._presented = True
+                        queued_since, timeout = None, None
                 elif asked != _NEW:
                     # Work rank 0 cannot see (another set, shutdown): a cycle now.
                     self.transport.send_obj(0, ("want", _NEW))
                     asked = _NEW
-            readable, _, _ = select.select([self._wake_r, coordinator_fd], [], [])
+            readable, _, _ = select.select([self._wake_r, coordinator_fd], [], [], timeout)
             if self._wake_r in readable:
                 self._drain_wake()
             if coordinator_fd in readable:
@@ -438,6 +449,7 @@ class Engine:
                                                    f"{frame!r:.100}")
                     self._reply = frame      # the answer to the message we presented: the cycle has started
                 asked = _IDLE
+                waited_before, self._waited = self._waited, self._blocked > 0
                 if self._cycle():
                     return
 
