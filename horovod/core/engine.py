@@ -57,7 +57,7 @@ def _is_reply(frame) -> bool:
 
 
 def _is_want(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] in (_PENDING, _NEW)
+    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] == _NEW
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
                      "attempt to run a collective after hvd.shutdown().")
 
@@ -171,7 +171,7 @@ class Engine:
         self._waited = False                    # a thread blocked on a handle since the last cycle start
         self.cycle_time = config.cycle_time / 1000.0
         # Left at its default, the cycle time spaces batching cycles by at least _BATCH_SPACING_SECONDS (below).
-        self._default_spacing = not (hasattr(config, "is_explicit") and config.is_explicit("HOROVOD_CYCLE_TIME"))
+        self._default_spacing = not config.is_explicit("HOROVOD_CYCLE_TIME")
         self._cycle_bytes = 0
         self.autotuner = None
         if config.autotune and rank == 0:
