@@ -68,22 +68,26 @@ def connect(config, topo, scope: str) -> TcpTransport:
     port = transport.listen(host)  # only where peers are told to dial, not on every interface
     deadline = time.monotonic() + config.start_timeout
     try:
-        client.put(scope, str(rank), f"{host}:{port} {topo.hostname} {_agreed_settings(config)}".encode())
+        client.put(scope, str(rank), (f"{host}:{port} {topo.hostname} {_agreed_settings(config)} "
+                                      f"{transport.unix_name or '-'}").encode())
         addresses: Dict[int, Tuple[str, int]] = {}
+        unix_names: Dict[int, str] = {}
         for peer in range(rank):
-            addresses[peer] = _published(client, scope, peer, deadline)[0]
+            addresses[peer], hostname, _, unix_name = _published(client, scope, peer, deadline)
+            if hostname == topo.hostname and unix_name != "-":
+                unix_names[peer] = unix_name
     except RendezvousError as exc:
         transport.close()
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
-    transport.connect(addresses, deadline)
+    transport.connect(addresses, deadline, unix_names)
     try:
         # Every peer published before the mesh could form, so these reads do not wait.
         published = [_published(client, scope, peer, deadline) for peer in range(size)]
     except RendezvousError as exc:
         transport.close()
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
-    transport.hostnames = [hostname for _, hostname, _ in published]
-    mismatch = _settings_mismatch([settings for _, _, settings in published])
+    transport.hostnames = [hostname for _, hostname, _, _ in published]
+    mismatch = _settings_mismatch([settings for _, _, settings, _ in published])
     if mismatch:
         transport.close()
         raise HorovodInternalError(mismatch)
@@ -111,9 +115,9 @@ def _settings_mismatch(per_rank) -> str:
 
 
 def _published(client: RendezvousClient, scope: str, peer: int,
-               deadline: float) -> Tuple[Tuple[str, int], str, str]:
+               deadline: float) -> Tuple[Tuple[str, int], str, str, str]:
+    """A peer's record: its TCP address, host identity, agreed settings and Unix socket name ("-" for none)."""
     text = client.get(scope, str(peer), timeout=max(0.1, deadline - time.monotonic())).decode()
-    address, _, rest = text.partition(" ")
-    hostname, _, settings = rest.partition(" ")
+    address, hostname, settings, unix_name = (text.split(" ") + ["", "", "-"])[:4]
     peer_host, _, peer_port = address.rpartition(":")
-    return (peer_host, int(peer_port)), hostname, settings
+    return (peer_host, int(peer_port)), hostname, settings, unix_name
