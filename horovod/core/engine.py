@@ -11,6 +11,12 @@ Cycles happen on demand: rank 0 starts one (a GO frame to every rank) when it ha
 other, cycles are spaced by ``HOROVOD_CYCLE_TIME``. An idle job exchanges nothing and burns no CPU, and a lone tensor
 starts moving at once instead of waiting for the next tick. Tensors submitted while a cycle runs are fused in the
 next one, so batching adapts to how long a cycle takes.
+
+"The thread" is usually the engine thread, but a thread that blocks on a handle while the engine thread sleeps runs
+the loop itself until its handle completes: a blocking collective then costs no thread hand-off (two scheduler
+wake-ups, a fifth of a small allreduce here). While callers wait for every result the engine thread parks, deaf to
+peers, so that their frames wake only the caller waiting for them; parked, it still looks at everything every batch
+spacing, and at once when a submission or a poll asks.
 """
 
 from __future__ import annotations
@@ -64,6 +70,17 @@ def _is_want(frame) -> bool:
     return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] == _NEW
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
                      "attempt to run a collective after hvd.shutdown().")
+
+
+def _shorter(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """The shorter of two select timeouts, None being forever."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+class _LoopEnded(Exception):
+    """The loop ended on another thread while the engine thread slept."""
 
 
 class _SetState:
@@ -175,9 +192,17 @@ class Engine:
         self._waited = False                    # a thread blocked on a handle since the last cycle start
         self._waited_before = False             # ... since the start of the cycle before the current one
         self._queued_since: Optional[float] = None   # a follower: when the global set's queue became non-empty
-        # A follower's loop holds this except while it sleeps in select: then a submitting caller may send the
-        # early message itself, and rank 0 hears of the request one thread wake-up sooner.
-        self._idle_lock = threading.Lock()
+        # Whoever runs the loop holds this: the engine thread, except while it sleeps in select; then a waiting
+        # caller may run the loop itself (_drive_for), and a submitting follower announce its request.
+        self._loop_lock = threading.Lock()
+        self._loop_ended = False
+        self._drives = 0                        # how many times a waiting thread took the loop
+        self._parked = False                    # the engine thread sleeps deaf to peers (see _select)
+        self._wanted = _IDLE                    # rank 0: the most urgent cycle request read from a follower
+        self._asked = _IDLE                     # a follower: what it asked rank 0 for since the last cycle
+        self._last_start = float("-inf")        # rank 0: when the last cycle started
+        self._peer_fds: Dict[int, int] = {}
+        self._coordinator_fd: Optional[int] = None
         self.cycle_time = config.cycle_time / 1000.0
         # Left at its default, the cycle time spaces batching cycles by at least _BATCH_SPACING_SECONDS (below).
         self._default_spacing = not config.is_explicit("HOROVOD_CYCLE_TIME")
@@ -198,7 +223,12 @@ class Engine:
     def start(self) -> None:
         if 0 not in self._sets:
             self.add_static_set(0, range(self.size))
+        if self.rank == 0:
+            self._peer_fds = {self.transport.fileno(p): p for p in range(1, self.size)}
+        else:
+            self._coordinator_fd = self.transport.fileno(0)
         handles.set_blocking_hook(self._on_blocking)
+        handles.set_driver(self._drive_for)
         hostnames = getattr(self.transport, "hostnames", None)
         if hostnames:
             local = sum(1 for host in hostnames if host == hostnames[self.rank])
@@ -218,7 +248,8 @@ class Engine:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._error is None
+        return (self._thread is not None and self._thread.is_alive() and self._error is None
+                and not self._loop_ended)
 
     @property
     def error(self) -> Optional[str]:
@@ -254,14 +285,15 @@ class Engine:
             state.entries[request.name] = Entry(request, array, output, handle, process_set_id)
             state.queue.append(request)
         if self.rank and process_set_id == 0 and (self._waited or self._waited_before) and not self._presented \
-                and self._idle_lock.acquire(blocking=False):
+                and self._loop_lock.acquire(blocking=False):
             # Latency-bound (somebody waited lately) and the loop sleeps: announce the request from here.
             try:
-                if not self._presented and not self._stopped and self._presentable():
+                if not self._presented and not self._loop_ended and self._presentable():
                     self._present(time.monotonic())
             finally:
-                self._idle_lock.release()
-        self._notify()
+                self._loop_lock.release()
+        if not self._parked:
+            self._notify()      # (a parked loop looks soon anyway; the caller who waits runs it at once)
         if self.timeline is not None:
             self.timeline.enqueued(request)
         return handle
@@ -280,7 +312,7 @@ class Engine:
                 self._blocked += delta
         if delta >= 0:
             self._waited = True
-            if self.rank == 0 or (not self._presented and self._sets[0].queue):
+            if self.rank == 0 or self._parked or (not self._presented and self._sets[0].queue):
                 self._notify()     # rank 0 may start the cycle, a follower may announce its requests
 
     def _callers_wait(self) -> bool:
@@ -297,6 +329,40 @@ class Engine:
                 pass
 
     def _select(self, fds: list, timeout: Optional[float]) -> list:
+        """``select`` for reading on behalf of the loop.
+
+        The engine thread lends the loop out while it sleeps, so that a waiting caller can run it (or a submitting
+        follower announce its request); what it saw readable may then be gone, so it looks again.
+        """
+        if threading.current_thread() is not self._thread:
+            return self._poll(fds, timeout)     # a waiting caller runs the loop: it sleeps here itself
+        # Latency-bound (callers wait for every result, and will run the loop themselves): park instead, deaf
+        # to peers' frames, whose arrival would wake this thread for nothing and make their sender pay for the
+        # wake-up. Parked, it looks at everything every batch spacing, or when a submission or a poll asks.
+        park = (self._waited or self._waited_before) and (self._blocked == 0 or self._work() == _IDLE)
+        drives = self._drives
+        self._loop_lock.release()
+        try:
+            if park:
+                self._parked = True
+                try:
+                    select.select([self._wake_r], [], [], _shorter(timeout, self._batch_spacing()))
+                finally:
+                    self._parked = False
+                readable = None
+            else:
+                readable = self._poll(fds, timeout)
+        except (OSError, ValueError):
+            readable = None     # a caller ended the loop and closed what we waited on
+        finally:
+            self._loop_lock.acquire()
+        if self._loop_ended:
+            raise _LoopEnded()
+        if readable is None or self._drives != drives:
+            readable = select.select(fds, [], [], 0)[0]
+        return readable
+
+    def _poll(self, fds: list, timeout: Optional[float]) -> list:
         """``select`` for reading; polls first for a moment while a caller waits (see ``_SPIN_SECONDS``)."""
         if self._spin and (self._blocked > 0 or self._presented and (self._waited or self._waited_before)) \
                 and (timeout is None or timeout > 0) and self._work() != _IDLE:
@@ -333,29 +399,75 @@ class Engine:
         return pending
 
     def _run(self) -> None:
+        """The engine thread: run the loop, except while a waiting caller runs it (see :meth:`_drive_for`)."""
+        step = self._drive_step if self.rank == 0 else self._follow_step
         try:
-            if self.rank == 0:
-                self._drive()
-            else:
-                self._follow()
+            with self._loop_lock:
+                while not self._loop_ended and not step():
+                    pass
+        except _LoopEnded:
+            pass
         except HorovodInternalError as exc:
-            self._error = str(exc)
+            self._end_loop(str(exc))
         except Exception as exc:  # a bug must fail the job loudly, never hang it
             log.exception("Horovod background loop failed")
-            self._error = f"Horovod background loop failed on rank {self.rank}: {exc!r}"
+            self._end_loop(f"Horovod background loop failed on rank {self.rank}: {exc!r}")
         finally:
-            if handles._blocking_hook == self._on_blocking:
-                handles.set_blocking_hook(None)
-            if self.transport is not None:
-                self.transport.close()
-            self._fail_all(self._error or SHUT_DOWN_MESSAGE)
-            for state in list(self._sets.values()):
-                _close_segments(state)
+            self._end_loop(None)
             self._wake_r.close()
             self._wake_w.close()
 
-    def _drive(self) -> None:
-        """Rank 0: start a cycle as soon as one can make a tensor ready.
+    def _end_loop(self, error: Optional[str]) -> None:
+        """The loop ends (shutdown or failure): fail what is pending; every later submission fails at once."""
+        if self._loop_ended:
+            return
+        if error is not None and self._error is None:
+            self._error = error
+        if handles._blocking_hook == self._on_blocking:
+            handles.set_blocking_hook(None)
+            handles.set_driver(None)
+        if self.transport is not None:
+            self.transport.close()
+        self._fail_all(self._error or SHUT_DOWN_MESSAGE)
+        for state in list(self._sets.values()):
+            _close_segments(state)
+        self._loop_ended = True
+        self._notify()      # an engine thread asleep in select learns of it
+
+    def _drive_for(self, handle: Handle) -> bool:
+        """Run the loop on this (waiting) thread until ``handle`` completes, if the engine thread sleeps.
+
+        A blocking collective then costs no thread hand-off: the engine thread would wake up to negotiate and
+        execute, and the caller would wake up again to take the result (20-40 us each on a virtual machine). The
+        loop is only taken when free, never waited for, so a busy engine thread keeps its pace.
+        """
+        if self._loop_ended or self._thread is None or threading.current_thread() is self._thread \
+                or not self._loop_lock.acquire(blocking=False):
+            return False
+        step = self._drive_step if self.rank == 0 else self._follow_step
+        with self._blocked_lock:
+            self._blocked += 1
+        self._waited = True
+        self._drives += 1
+        try:
+            while not handle.finished and not self._loop_ended:
+                if step():
+                    self._end_loop(None)
+        except _LoopEnded:
+            pass
+        except HorovodInternalError as exc:
+            self._end_loop(str(exc))
+        except Exception as exc:  # a bug must fail the job loudly, never hang it
+            log.exception("Horovod loop failed on a waiting thread")
+            self._end_loop(f"Horovod background loop failed on rank {self.rank}: {exc!r}")
+        finally:
+            with self._blocked_lock:
+                self._blocked -= 1
+            self._loop_lock.release()
+        return handle.finished
+
+    def _drive_step(self) -> bool:
+        """Rank 0: wait until a cycle can make a tensor ready, then run it; True when the job shuts down.
 
         A tensor becomes ready when its last rank submits it, so a cycle starts when a name that rank 0 itself just
         submitted, or that a follower just announced (its early message), has now been submitted by every rank of
@@ -364,51 +476,46 @@ class Engine:
         otherwise cost a cycle on every rank, which on a busy CPU is time taken from the computation. A slow poll
         (at least ``HOROVOD_CYCLE_TIME``) still runs while anything is pending, for stall checks.
         """
-        peers = list(range(1, self.size))
-        fds = {self.transport.fileno(p): p for p in peers} if peers else {}
-        wanted = _IDLE
-        last_start = float("-inf")
+        fds = self._peer_fds
         while True:
-            while True:
-                if wanted == _NEW or self._cycle_is_useful():
-                    # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles
-                    # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a waiting caller starts one at once.
-                    spacing = last_start + self._batch_spacing() - time.monotonic()
-                    if self._blocked > 0 or self._waited or self._waited_before or spacing <= 0:
-                        break
-                    select.select([self._wake_r], [], [], spacing)
-                    self._drain_wake()
-                    continue
-                timeout = None
-                if self._early_names:
-                    # A follower that has sent its message stays silent until the cycle: requests it made since
-                    # are only seen by polling, soon (rank 0's own new requests start a cycle at once, above).
-                    timeout = last_start + max(self.cycle_time, _ANNOUNCED_POLL_SECONDS) - time.monotonic()
-                elif self._work() != _IDLE or self._sets[0].coordinator.waiting():
-                    timeout = last_start + max(self.cycle_time, _POLL_SECONDS) - time.monotonic()
-                if timeout is not None and timeout <= 0:
+            if self._wanted == _NEW or self._cycle_is_useful():
+                # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles
+                # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a waiting caller starts one at once.
+                spacing = self._last_start + self._batch_spacing() - time.monotonic()
+                if self._blocked > 0 or self._waited or self._waited_before or spacing <= 0:
                     break
-                readable = self._select([self._wake_r] + list(fds), timeout)
-                for fd in readable:
-                    if fd is self._wake_r:
-                        self._drain_wake()
-                    else:
-                        wanted = max(wanted, self._expect_want(fds[fd]))
-            self._drain_wake()
-            last_start = time.monotonic()
-            # Somebody waited for results since the previous cycle started: a blocking (latency-bound) caller,
-            # whose next request should not wait for the cycle time either.
-            self._waited_before, self._waited = self._waited, self._blocked > 0
-            for peer in peers:
-                # A rank whose message for this cycle is already here learns that the cycle started from the
-                # global set's reply itself: one frame (and one wake-up on that rank) less per cycle.
-                if peer not in self._early:
-                    self.transport.send_obj(peer, _GO)
-            wanted = _IDLE
-            self._early_names.clear()
-            self._early_urgent = False
-            if self._cycle():
-                return
+                self._select([self._wake_r], spacing)
+                self._drain_wake()
+                continue
+            timeout = None
+            if self._early_names:
+                # A follower that has sent its message stays silent until the cycle: requests it made since
+                # are only seen by polling, soon (rank 0's own new requests start a cycle at once, above).
+                timeout = self._last_start + max(self.cycle_time, _ANNOUNCED_POLL_SECONDS) - time.monotonic()
+            elif self._work() != _IDLE or self._sets[0].coordinator.waiting():
+                timeout = self._last_start + max(self.cycle_time, _POLL_SECONDS) - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                break
+            readable = self._select([self._wake_r] + list(fds), timeout)
+            for fd in readable:
+                if fd is self._wake_r:
+                    self._drain_wake()
+                else:
+                    self._wanted = max(self._wanted, self._expect_want(fds[fd]))
+        self._drain_wake()
+        self._last_start = time.monotonic()
+        # Somebody waited for results since the previous cycle started: a blocking (latency-bound) caller,
+        # whose next request should not wait for the cycle time either.
+        self._waited_before, self._waited = self._waited, self._blocked > 0
+        for peer in range(1, self.size):
+            # A rank whose message for this cycle is already here learns that the cycle started from the
+            # global set's reply itself: one frame (and one wake-up on that rank) less per cycle.
+            if peer not in self._early:
+                self.transport.send_obj(peer, _GO)
+        self._wanted = _IDLE
+        self._early_names.clear()
+        self._early_urgent = False
+        return self._cycle()
 
     def _batch_spacing(self) -> float:
         return max(self.cycle_time, _BATCH_SPACING_SECONDS) if self._default_spacing else self.cycle_time
@@ -446,43 +553,36 @@ class Engine:
                 return True
         return False
 
-    def _follow(self) -> None:
-        """Other ranks: announce new requests to rank 0 (or ask it for a cycle), run a cycle when told to."""
-        coordinator_fd = self.transport.fileno(0)
-        asked = _IDLE
-        self._idle_lock.acquire()
-        try:
-            while True:
-                timeout = None
-                # After the early message nothing more may be sent until the cycle starts: rank 0 may already be
-                # executing, and a frame arriving then would land in the middle of the data phase.
-                if not self._presented and self._work() == _NEW:
-                    if self._presentable():
-                        timeout = self._present(time.monotonic())
-                    elif asked != _NEW:
-                        # Work rank 0 cannot see (another set, shutdown): a cycle now.
-                        self.transport.send_obj(0, ("want", _NEW))
-                        asked = _NEW
-                self._idle_lock.release()
-                try:
-                    readable = self._select([self._wake_r, coordinator_fd], timeout)
-                finally:
-                    self._idle_lock.acquire()
-                if self._wake_r in readable:
-                    self._drain_wake()
-                if coordinator_fd in readable:
-                    frame = self.transport.recv_obj(0)
-                    if frame != _GO:
-                        if not (self._presented and _is_reply(frame)):
-                            raise HorovodInternalError(f"rank {self.rank} expected a cycle start from rank 0, got "
-                                                       f"{frame!r:.100}")
-                        self._reply = frame      # the answer to the message we presented: the cycle has started
-                    asked = _IDLE
-                    self._waited_before, self._waited = self._waited, self._blocked > 0
-                    if self._cycle():
-                        return
-        finally:
-            self._idle_lock.release()
+    def _follow_step(self) -> bool:
+        """Other ranks: announce new requests to rank 0 (or ask it for a cycle), run the cycle when told to.
+
+        Returns after one cycle: True when the job shuts down.
+        """
+        coordinator_fd = self._coordinator_fd
+        while True:
+            timeout = None
+            # After the early message nothing more may be sent until the cycle starts: rank 0 may already be
+            # executing, and a frame arriving then would land in the middle of the data phase.
+            if not self._presented and self._work() == _NEW:
+                if self._presentable():
+                    timeout = self._present(time.monotonic())
+                elif self._asked != _NEW:
+                    # Work rank 0 cannot see (another set, shutdown): a cycle now.
+                    self.transport.send_obj(0, ("want", _NEW))
+                    self._asked = _NEW
+            readable = self._select([self._wake_r, coordinator_fd], timeout)
+            if self._wake_r in readable:
+                self._drain_wake()
+            if coordinator_fd in readable:
+                frame = self.transport.recv_obj(0)
+                if frame != _GO:
+                    if not (self._presented and _is_reply(frame)):
+                        raise HorovodInternalError(f"rank {self.rank} expected a cycle start from rank 0, got "
+                                                   f"{frame!r:.100}")
+                    self._reply = frame      # the answer to the message we presented: the cycle has started
+                self._asked = _IDLE
+                self._waited_before, self._waited = self._waited, self._blocked > 0
+                return self._cycle()
 
     def _presentable(self) -> bool:
         """A follower: only global-set requests wait, which its early message can carry."""

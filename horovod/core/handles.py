@@ -17,6 +17,16 @@ def set_blocking_hook(hook: Optional[Callable[[int], None]]) -> None:
     _blocking_hook = hook
 
 
+# Offered a handle a thread is about to wait for (without a timeout): runs the engine's loop on that thread until
+# the handle completes and returns True, or returns False at once when the loop is busy elsewhere.
+_driver: Optional[Callable[["Handle"], bool]] = None
+
+
+def set_driver(driver: Optional[Callable[["Handle"], bool]]) -> None:
+    global _driver
+    _driver = driver
+
+
 class Handle:
     """Completion of one collective. ``result()`` blocks, then returns the output or raises the op's error.
 
@@ -34,6 +44,11 @@ class Handle:
         self._value: Any = None
         self._error: Optional[BaseException] = None
         self._callbacks: Optional[List[Callable[["Handle"], None]]] = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the collective completed, without telling the engine that somebody looks (unlike ``done``)."""
+        return self._done
 
     def done(self) -> bool:
         if self._done:
@@ -68,6 +83,9 @@ class Handle:
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         if self._done:
+            return True
+        driver = _driver
+        if timeout is None and driver is not None and driver(self):
             return True
         hook = _blocking_hook
         if hook is not None:
