@@ -46,6 +46,18 @@ class SendFuture:
             raise self._error
 
 
+class _Sent:
+    """The completion of a send that went out inline: nothing to wait for (and no Event to build, per barrier)."""
+
+    __slots__ = ()
+
+    def wait(self) -> None:
+        return None
+
+
+_SENT = _Sent()
+
+
 class _Sender(threading.Thread):
     def __init__(self, transport: "TcpTransport", peer: int):
         super().__init__(name=f"horovod-send-{peer}", daemon=True)
@@ -250,16 +262,17 @@ class TcpTransport:
         Small messages fit in the kernel's socket buffer, so they are sent inline: handing them to the sender
         thread would cost more than the send.
         """
-        future = SendFuture()
         sender = self._senders.get(peer)
         # Inline only when nothing is queued for this peer: two threads writing one socket would interleave bytes.
         if len(view) <= _INLINE_SEND_BYTES and (sender is None or sender.put == sender.done):
             try:
                 self.send(peer, view)
-                future._finish()
+                return _SENT
             except HorovodInternalError as exc:
+                future = SendFuture()
                 future._finish(exc)
-            return future
+                return future
+        future = SendFuture()
         self._sock(peer)
         sender.put += 1
         sender.jobs.put((view, future))
