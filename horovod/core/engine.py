@@ -193,7 +193,7 @@ class Engine:
         self._waited_before = False             # ... since the start of the cycle before the current one
         self._queued_since: Optional[float] = None   # a follower: when the global set's queue became non-empty
         # Whoever runs the loop holds this: the engine thread, except while it sleeps in select; then a waiting
-        # caller may run the loop itself (_drive_for), and a submitting follower announce its request.
+        # caller may run the loop itself (_drive_for).
         self._loop_lock = threading.Lock()
         self._loop_ended = False
         self._drives = 0                        # how many times a waiting thread took the loop
@@ -284,14 +284,6 @@ class Engine:
                                  f"pending in process set {process_set_id}; names must be unique until completed")
             state.entries[request.name] = Entry(request, array, output, handle, process_set_id)
             state.queue.append(request)
-        if self.rank and process_set_id == 0 and (self._waited or self._waited_before) and not self._presented \
-                and self._loop_lock.acquire(blocking=False):
-            # Latency-bound (somebody waited lately) and the loop sleeps: announce the request from here.
-            try:
-                if not self._presented and not self._loop_ended and self._presentable():
-                    self._present(time.monotonic())
-            finally:
-                self._loop_lock.release()
         if not self._parked:
             self._notify()      # (a parked loop looks soon anyway; the caller who waits runs it at once)
         if self.timeline is not None:
@@ -331,8 +323,8 @@ class Engine:
     def _select(self, fds: list, timeout: Optional[float]) -> list:
         """``select`` for reading on behalf of the loop.
 
-        The engine thread lends the loop out while it sleeps, so that a waiting caller can run it (or a submitting
-        follower announce its request); what it saw readable may then be gone, so it looks again.
+        The engine thread lends the loop out while it sleeps, so that a waiting caller can run it; what it saw
+        readable may then be gone, so it looks again.
         """
         if threading.current_thread() is not self._thread:
             return self._poll(fds, timeout)     # a waiting caller runs the loop: it sleeps here itself
