@@ -200,6 +200,19 @@ def test_steady_state_bits_take_the_fast_track_and_stay_correct():
                                                                     ReduceOp.SUM)
 
 
+def test_a_repeated_step_reuses_its_fusion_plan_until_something_changes():
+    ranks = _Ranks(2, threshold=32)
+    step = [req(n) for n in "abcd"]                        # 16 bytes each: two batches of two
+    ranks.step([step, step])
+    first, _ = ranks.step([step, step])                    # the fast track, planned
+    first[0].append("scribbled on by the caller")          # what is returned is the caller's to keep
+    again, _ = ranks.step([step, step])                    # same responses, same order: the plan is reused
+    assert names(again) == [["a", "b"], ["c", "d"]] and again == [first[0][:2], first[1]]
+    ranks.c.fusion_threshold = 64                          # autotune moved the threshold: plan again
+    assert names(ranks.step([step, step])[0]) == [["a", "b", "c", "d"]]
+    assert names(ranks.step([step[1:], step[1:]])[0]) == [["b", "c", "d"]]
+
+
 def test_bits_standing_for_different_requests_after_a_mismatch_still_fail():
     ranks = _Ranks(2)
     ranks.step([[req("w")], [req("w")]])

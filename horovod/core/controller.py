@@ -10,6 +10,7 @@ field and what each rank sent, failing the op on every rank while the job goes o
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response
@@ -65,6 +66,12 @@ class Coordinator:
         self._fast: Dict[str, List[int]] = {}
         self._last_stall_report = float("-inf")
         self.arrivals: List[Tuple[str, int, int]] = []   # (name, op, global rank) of the last step, for the timeline
+        self.track_arrivals = True     # the engine turns it off when no timeline reads them
+        # The last fusion plan and what it was made from: a training loop makes the same tensors ready in the same
+        # order every step (the same response objects, from ``_agreed``), and planning 200 of them costs ~100 us.
+        self._plan_key: Optional[Tuple] = None
+        self._plan_input: List[Response] = []
+        self._plan: List[List[Response]] = []
 
     @property
     def size(self) -> int:
@@ -78,22 +85,24 @@ class Coordinator:
         """
         shutdown = False
         self.arrivals = []
-        fast, agreed, arrivals = self._fast, self._agreed, self.arrivals
+        fast, agreed, arrivals, track = self._fast, self._agreed, self.arrivals, self.track_arrivals
+        name_of = self.cache.name
         for index, message in enumerate(messages):
             shutdown = shutdown or message.shutdown
             rank = self.ranks[index]
             for bit in message.hits:
-                name = self.cache.name(bit)
+                name = name_of(bit)
                 arrived = fast.get(name)
                 if arrived is not None:
                     arrived.append(index)
-                    arrivals.append((name, agreed[name].op, rank))
                 elif name in agreed and name not in self._pending and not self._joined:
                     fast[name] = [index]
                     self._first_seen.setdefault(name, now)
-                    arrivals.append((name, agreed[name].op, rank))
                 else:
                     self._add(index, self._known[name][index], now)
+                    continue
+                if track:
+                    arrivals.append((name, agreed[name].op, rank))
             for request in message.requests:
                 if request.op == OpType.JOIN:
                     self._joined[index] = None
@@ -141,12 +150,26 @@ class Coordinator:
                         f"{list(report.missing_ranks)} never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)"),
                         payload=(FATAL_ERROR,)), got))
 
-        groups = [g if not self.disable_group_fusion else -1 for _, g in ready]
-        batches = fusion.plan_batches([r for r, _ in ready], groups, self.fusion_threshold)
+        batches = self._plan_batches(ready)
         if self._joined and len(self._joined) == self.size:
             batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
             self._joined.clear()
         return batches, shutdown, reports
+
+    def _plan_batches(self, ready: List[Tuple[Response, int]]) -> List[List[Response]]:
+        responses = [r for r, _ in ready]
+        groups = [g if not self.disable_group_fusion else -1 for _, g in ready]
+        key = (self.fusion_threshold, tuple(groups))
+        if key == self._plan_key and len(responses) == len(self._plan_input) \
+                and all(map(operator.is_, responses, self._plan_input)):
+            return [list(batch) for batch in self._plan]
+        plan = fusion.plan_batches(responses, groups, self.fusion_threshold)
+        self._plan_key, self._plan_input, self._plan = key, responses, plan
+        return [list(batch) for batch in plan]
+
+    def quiet(self) -> bool:
+        """Whether no other rank's submission is known here: then only this rank's join can make a name ready."""
+        return not (self._pending or self._fast or self._held or self._joined)
 
     def waiting(self) -> bool:
         """Whether some tensor waits for ranks (or a group for its other tensors)."""
@@ -172,7 +195,8 @@ class Coordinator:
                 pending[index] = known[index]
 
     def _add(self, index: int, request: Request, now: float) -> None:
-        self.arrivals.append((request.name, request.op, self.ranks[index]))
+        if self.track_arrivals:
+            self.arrivals.append((request.name, request.op, self.ranks[index]))
         self._pending.setdefault(request.name, {})[index] = request
         self._first_seen.setdefault(request.name, now)
 

@@ -217,8 +217,14 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
     def add_static_set(self, set_id: int, ranks: Sequence[int]) -> None:
-        self._sets[set_id] = _SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait)
+        self._sets[set_id] = self._new_set(set_id, ranks)
         self._next_set_id = max(self._next_set_id, set_id + 1)
+
+    def _new_set(self, set_id: int, ranks: Sequence[int]) -> _SetState:
+        state = _SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait)
+        if state.coordinator is not None:
+            state.coordinator.track_arrivals = self.timeline is not None
+        return state
 
     def start(self) -> None:
         if 0 not in self._sets:
@@ -528,6 +534,8 @@ class Engine:
             return True     # our new requests may complete what a silent follower submitted after its message
         if any(r.op == OpType.JOIN for r in queued):
             return True
+        if not self._early_names and coordinator.quiet():
+            return False    # no other rank's submission is known: nothing can be ready (checked per wake-up)
         candidates = [r.name for r in queued]
         for names in self._early_names.values():
             candidates.extend(names)
@@ -759,7 +767,7 @@ class Engine:
                     return -set_id - 1  # caller reports the duplicate
             set_id = self._next_set_id
             self._next_set_id += 1
-            self._sets[set_id] = _SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait)
+            self._sets[set_id] = self._new_set(set_id, ranks)
             return set_id
         set_id = ranks[0] if ranks else -1
         removed = self._sets.pop(set_id, None) if set_id > 0 else None

@@ -42,7 +42,7 @@ class ResponseCache:
     def cached_bit(self, response: Response) -> Optional[int]:
         """The bit of ``response`` if exactly this response is cached, else None."""
         entry = self._entries.get(response.names[0]) if len(response.names) == 1 else None
-        return entry[0] if entry is not None and entry[1] == response else None
+        return entry[0] if entry is not None and (entry[1] is response or entry[1] == response) else None
 
     def record(self, responses: Iterable[Response]) -> None:
         """Insert or refresh every cacheable single-tensor response, in order."""
