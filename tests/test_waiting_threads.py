@@ -98,3 +98,53 @@ def test_waiting_threads_run_the_loop_and_nothing_starves():
     assert any(out["drove"] for out in results), "no blocking call ran the loop on its own thread"
     assert results[0]["late_finished"]
     assert results[1]["subset_ok"] and results[2]["subset_ok"]
+
+
+def _interrupted_wait():
+    import os
+    import signal
+    import threading
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.common import basics
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    hvd.init()
+    engine = basics.engine()
+    out = {}
+    if hvd.rank() == 0:
+        hvd.allreduce(np.ones(1), name="warm")
+        handle = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="x")    # rank 1 submits it only after "go"
+        drives = engine._drives
+        pause = threading.Event()
+
+        def interrupt_once_asleep():
+            for _ in range(20000):   # bounded: 20 s
+                if engine._drives > drives and engine._driver_sleeping:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                pause.wait(0.001)
+
+        threading.Thread(target=interrupt_once_asleep, daemon=True).start()
+        try:
+            handle.result()
+            out["interrupted"] = False
+        except KeyboardInterrupt:
+            out["interrupted"] = True
+        # Interrupted while the loop slept: the engine carries on, and the abandoned collective still completes.
+        out["go"] = hvd.allreduce(np.ones(1), op=hvd.Sum, name="go").tolist()
+        out["x"] = handle.result().tolist()
+    else:
+        hvd.allreduce(np.ones(1), name="warm")
+        out["go"] = hvd.allreduce(np.ones(1), op=hvd.Sum, name="go").tolist()
+        out["x"] = hvd.allreduce(np.ones(2), op=hvd.Sum, name="x").tolist()
+    out["after"] = hvd.allreduce(np.ones(1), op=hvd.Sum, name="after").tolist()
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.ranks
+def test_interrupting_a_waiting_caller_that_runs_the_loop_keeps_the_job_whole():
+    results = spawn_ranks(_interrupted_wait, 2, timeout=60)
+    assert results[0]["interrupted"]
+    for out in results:
+        assert out["go"] == [2.0] and out["x"] == [2.0, 2.0] and out["after"] == [2.0]

@@ -198,6 +198,7 @@ class Engine:
         self._loop_ended = False
         self._drives = 0                        # how many times a waiting thread took the loop
         self._parked = False                    # the engine thread sleeps deaf to peers (see _select)
+        self._driver_sleeping = False           # the waiting thread running the loop sleeps in select
         self._wanted = _IDLE                    # rank 0: the most urgent cycle request read from a follower
         self._asked = _IDLE                     # a follower: what it asked rank 0 for since the last cycle
         self._last_start = float("-inf")        # rank 0: when the last cycle started
@@ -333,7 +334,12 @@ class Engine:
         readable may then be gone, so it looks again.
         """
         if threading.current_thread() is not self._thread:
-            return self._poll(fds, timeout)     # a waiting caller runs the loop: it sleeps here itself
+            # A waiting caller runs the loop: it sleeps here itself, where an interrupt leaves nothing half done
+            # (the flag stays set when one propagates, for _drive_for to see).
+            self._driver_sleeping = True
+            readable = self._poll(fds, timeout)
+            self._driver_sleeping = False
+            return readable
         # Latency-bound (callers wait for every result, and will run the loop themselves): park instead, deaf
         # to peers' frames, whose arrival would wake this thread for nothing and make their sender pay for the
         # wake-up. Parked, it looks at everything every batch spacing, or when a submission or a poll asks.
@@ -458,7 +464,18 @@ class Engine:
         except Exception as exc:  # a bug must fail the job loudly, never hang it
             log.exception("Horovod loop failed on a waiting thread")
             self._end_loop(f"Horovod background loop failed on rank {self.rank}: {exc!r}")
+        except BaseException:
+            # KeyboardInterrupt (or SystemExit) on the waiting thread. Asleep in select, the loop is whole and the
+            # engine thread takes it over; anywhere else a frame or a collective may be half done, and the ranks
+            # can no longer agree on what comes next: fail every collective, here and (as the connections close)
+            # on the other ranks, instead of letting them hang or read garbage.
+            if self._driver_sleeping:
+                self._notify()
+            else:
+                self._end_loop(f"rank {self.rank} was interrupted in the middle of a collective")
+            raise
         finally:
+            self._driver_sleeping = False
             with self._blocked_lock:
                 self._blocked -= 1
             self._loop_lock.release()
