@@ -56,6 +56,9 @@ _ANNOUNCED_POLL_SECONDS = 0.01   # ... and this often while a follower's early m
 # peer then costs no scheduler wake-up (20-40 us on a virtual machine), about a fifth of a small allreduce. Only
 # where every local rank has a core of its own, as for the shared-memory barriers.
 _SPIN_SECONDS = shm.SPIN_SECONDS
+# A parked engine thread (see _select) looks at its peers at least this rarely, even under a tiny explicit
+# HOROVOD_CYCLE_TIME: each look is a wake-up, and parking happens exactly when callers run the loop themselves.
+_MIN_PARK_SECONDS = 0.001
 
 
 def _is_early_message(frame) -> bool:
@@ -350,7 +353,8 @@ class Engine:
             if park:
                 self._parked = True
                 try:
-                    select.select([self._wake_r], [], [], _shorter(timeout, self._batch_spacing()))
+                    select.select([self._wake_r], [], [], _shorter(timeout, max(self._batch_spacing(),
+                                                                                   _MIN_PARK_SECONDS)))
                 finally:
                     self._parked = False
                 readable = None
