@@ -10,15 +10,20 @@ import pytest
 from horovod.testing import spawn_ranks
 
 
-def _poll_until_finished(handle, seconds=20.0):
-    """Watch ``handle`` without waiting on it (``finished`` tells the engine nothing), for at most ``seconds``."""
+def _poll_until(condition, seconds=20.0):
+    """Check ``condition()`` every millisecond for at most ``seconds``; its last value."""
     import threading
     import time
     pause = threading.Event()
     deadline = time.monotonic() + seconds
-    while not handle.finished and time.monotonic() < deadline:
+    while not condition() and time.monotonic() < deadline:
         pause.wait(0.001)
-    return handle.finished
+    return condition()
+
+
+def _poll_until_finished(handle, seconds=20.0):
+    """Watch ``handle`` without waiting on it (``finished`` tells the engine nothing), for at most ``seconds``."""
+    return _poll_until(lambda: handle.finished, seconds)
 
 
 def _latency_bound_then_more():
@@ -115,14 +120,10 @@ def _interrupted_wait():
         hvd.allreduce(np.ones(1), name="warm")
         handle = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="x")    # rank 1 submits it only after "go"
         drives = engine._drives
-        pause = threading.Event()
 
         def interrupt_once_asleep():
-            for _ in range(20000):   # bounded: 20 s
-                if engine._drives > drives and engine._driver_sleeping:
-                    os.kill(os.getpid(), signal.SIGINT)
-                    return
-                pause.wait(0.001)
+            if _poll_until(lambda: engine._drives > drives and engine._driver_sleeping):
+                os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=interrupt_once_asleep, daemon=True).start()
         try:

@@ -22,7 +22,6 @@ spacing, and at once when a submission or a poll asks.
 from __future__ import annotations
 
 import logging
-import os
 import select
 import socket
 import threading
@@ -52,10 +51,9 @@ _POLL_SECONDS = 0.05    # while tensors wait for other ranks, rank 0 looks again
 # waits for it.
 _BATCH_SPACING_SECONDS = 0.010
 _ANNOUNCED_POLL_SECONDS = 0.01   # ... and this often while a follower's early message waits for a cycle
-# While a caller blocks on a result, the loop polls its sockets this long before it sleeps in select: a frame from a
-# peer then costs no scheduler wake-up (20-40 us on a virtual machine), about a fifth of a small allreduce. Only
-# where every local rank has a core of its own, as for the shared-memory barriers.
-_SPIN_SECONDS = shm.SPIN_SECONDS
+# While a caller blocks on a result, the loop polls its sockets for shm.spin_seconds(local ranks) before it sleeps in
+# select: a frame from a peer then costs no scheduler wake-up (20-40 us on a virtual machine), about a fifth of a
+# small allreduce. Only where every local rank has a core of its own, as for the shared-memory barriers.
 # A parked engine thread (see _select) looks at its peers at least this rarely, even under a tiny explicit
 # HOROVOD_CYCLE_TIME: each look is a wake-up, and parking happens exactly when callers run the loop themselves.
 _MIN_PARK_SECONDS = 0.001
@@ -148,9 +146,8 @@ def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config
     if len(hosts) != 1:
         return None
     prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-{tag}"
-    # Spinning is only polite while every local rank has a core of its own.
-    spin = shm.SPIN_SECONDS if len(ranks) <= (os.cpu_count() or 1) else 0.0
-    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes, spin, may_spin)
+    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes, shm.spin_seconds(len(ranks)),
+                           may_spin)
 
 
 def _encode(response: Response, bit: Optional[int]):
@@ -241,8 +238,7 @@ class Engine:
         handles.set_driver(self._drive_for)
         hostnames = getattr(self.transport, "hostnames", None)
         if hostnames:
-            local = sum(1 for host in hostnames if host == hostnames[self.rank])
-            self._spin = _SPIN_SECONDS if local <= (os.cpu_count() or 1) else 0.0
+            self._spin = shm.spin_seconds(sum(1 for host in hostnames if host == hostnames[self.rank]))
         self._thread = threading.Thread(target=self._run, name="horovod-engine", daemon=True)
         self._thread.start()
 
@@ -371,7 +367,7 @@ class Engine:
         return readable
 
     def _poll(self, fds: list, timeout: Optional[float]) -> list:
-        """``select`` for reading; polls first for a moment while a caller waits (see ``_SPIN_SECONDS``)."""
+        """``select`` for reading; polls first for a moment while a caller waits (``self._spin``)."""
         if self._spin and (self._blocked > 0 or self._presented and (self._waited or self._waited_before)) \
                 and (timeout is None or timeout > 0) and self._work() != _IDLE:
             now = time.monotonic()
@@ -408,22 +404,28 @@ class Engine:
 
     def _run(self) -> None:
         """The engine thread: run the loop, except while a waiting caller runs it (see :meth:`_drive_for`)."""
-        step = self._drive_step if self.rank == 0 else self._follow_step
         try:
             with self._loop_lock:
-                while not self._loop_ended and not step():
-                    pass
+                self._run_steps(lambda: False)
+        finally:
+            self._end_loop(None)
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _run_steps(self, done: Callable[[], bool]) -> None:
+        """Run the loop's steps (holding the loop lock) until ``done()`` or the loop ends; a failure ends it."""
+        step = self._drive_step if self.rank == 0 else self._follow_step
+        try:
+            while not done() and not self._loop_ended:
+                if step():
+                    self._end_loop(None)
         except _LoopEnded:
             pass
         except HorovodInternalError as exc:
             self._end_loop(str(exc))
         except Exception as exc:  # a bug must fail the job loudly, never hang it
-            log.exception("Horovod background loop failed")
+            log.exception("Horovod loop failed")
             self._end_loop(f"Horovod background loop failed on rank {self.rank}: {exc!r}")
-        finally:
-            self._end_loop(None)
-            self._wake_r.close()
-            self._wake_w.close()
 
     def _end_loop(self, error: Optional[str]) -> None:
         """The loop ends (shutdown or failure): fail what is pending; every later submission fails at once."""
@@ -452,22 +454,12 @@ class Engine:
         if self._loop_ended or self._thread is None or threading.current_thread() is self._thread \
                 or not self._loop_lock.acquire(blocking=False):
             return False
-        step = self._drive_step if self.rank == 0 else self._follow_step
         with self._blocked_lock:
             self._blocked += 1
         self._waited = True
         self._drives += 1
         try:
-            while not handle.finished and not self._loop_ended:
-                if step():
-                    self._end_loop(None)
-        except _LoopEnded:
-            pass
-        except HorovodInternalError as exc:
-            self._end_loop(str(exc))
-        except Exception as exc:  # a bug must fail the job loudly, never hang it
-            log.exception("Horovod loop failed on a waiting thread")
-            self._end_loop(f"Horovod background loop failed on rank {self.rank}: {exc!r}")
+            self._run_steps(lambda: handle.finished)
         except BaseException:
             # KeyboardInterrupt (or SystemExit) on the waiting thread. Asleep in select, the loop is whole and the
             # engine thread takes it over; anywhere else a frame or a collective may be half done, and the ranks

@@ -25,6 +25,11 @@ _HEADER = 4096    # a page before the data: the barrier counter, and page-aligne
 SPIN_SECONDS = 0.0002   # how long a barrier spins on shared memory before it sleeps in a receive
 
 
+def spin_seconds(local_ranks: int) -> float:
+    """How long a waiting rank may spin: only while every local rank has a core of its own."""
+    return SPIN_SECONDS if local_ranks <= (os.cpu_count() or 1) else 0.0
+
+
 def available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 

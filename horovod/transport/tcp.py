@@ -171,12 +171,7 @@ class TcpTransport:
                 time.sleep(0.05)
                 continue
             sock.settimeout(max(0.1, deadline - time.monotonic()))
-            their_rank = wire.handshake(sock, self.secret, self.rank, _PURPOSE_MESH)
-            if their_rank != peer:
-                sock.close()
-                raise HorovodInternalError(f"rank {self.rank} dialled rank {peer} at {address} but rank "
-                                           f"{their_rank} answered")
-            self._socks[peer] = sock
+            self._greet(sock, peer, address)
             return
         raise HorovodInternalError(f"rank {self.rank} could not reach rank {peer} at {address[0]}:{address[1]} "
                                    f"before the start timeout: {last}")
@@ -190,13 +185,17 @@ class TcpTransport:
         except OSError:
             sock.close()    # another network namespace, or no such socket: the peer is not here after all
             return False
+        self._greet(sock, peer, f"unix:{name}")
+        return True
+
+    def _greet(self, sock: socket.socket, peer: int, where) -> None:
+        """Authenticate a connection we dialled; it becomes ``peer``'s when ``peer`` answered."""
         their_rank = wire.handshake(sock, self.secret, self.rank, _PURPOSE_MESH)
         if their_rank != peer:
             sock.close()
-            raise HorovodInternalError(f"rank {self.rank} dialled rank {peer} at unix:{name} but rank "
+            raise HorovodInternalError(f"rank {self.rank} dialled rank {peer} at {where} but rank "
                                        f"{their_rank} answered")
         self._socks[peer] = sock
-        return True
 
     def _accept_higher(self, deadline: float) -> None:
         expected = set(range(self.rank + 1, self.size))
