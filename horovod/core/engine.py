@@ -28,16 +28,15 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from horovod.algorithms.group import Group
-from horovod.algorithms.hierarchical import Hierarchy
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OpType, Request, Response, nbytes
 from horovod.core import fusion
-from horovod.core.controller import FATAL_ERROR, Coordinator, Message
+from horovod.core.controller import FATAL_ERROR, Message
 from horovod.core import handles
 from horovod.core.handles import Handle
 from horovod.core.ops import Buffers, Entry, execute
-from horovod.core.response_cache import ResponseCache, split_hits
+from horovod.core.response_cache import split_hits
+from horovod.core.set_state import SetState, close_segments
 from horovod.transport import shm
 
 log = logging.getLogger("horovod")
@@ -84,72 +83,6 @@ class _LoopEnded(Exception):
     """The loop ended on another thread while the engine thread slept."""
 
 
-class _SetState:
-    """Everything the engine keeps for one process set."""
-
-    def __init__(self, set_id: int, ranks: Sequence[int], rank: int, transport, config, may_spin=None):
-        self.id = set_id
-        self.ranks = tuple(ranks)
-        self.index = self.ranks.index(rank) if rank in self.ranks else -1
-        self.group = Group(self.ranks, self.index, transport,
-                           _shared_memory(f"s{set_id}", self.ranks, self.index, transport, config, may_spin),
-                           _hierarchy(set_id, self.ranks, self.index, transport, config, may_spin)) \
-            if self.index >= 0 else None
-        self.cache = ResponseCache(config.cache_capacity)
-        self.coordinator = Coordinator(
-            self.ranks, self.cache, config.fusion_threshold, config.disable_group_fusion,
-            config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
-            not config.stall_check_disable) if self.index == 0 else None
-        self.last_requests: Dict[str, Request] = {}
-        self.queue: List[Request] = []
-        self.entries: Dict[str, Entry] = {}
-        self.lock = threading.Lock()
-        self.removed = False
-
-    def drain(self) -> List[Request]:
-        with self.lock:
-            requests, self.queue = self.queue, []
-        return requests
-
-
-def _hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config, may_spin=None):
-    """Local and cross groups for hierarchical allreduce, when asked for and the set spans several hosts."""
-    if not config.hierarchical_allreduce or index < 0 or transport is None or not transport.hostnames:
-        return None
-    hosts = [transport.hostnames[r] for r in ranks]
-    order = list(dict.fromkeys(hosts))
-    if len(order) < 2:
-        return None
-    mine = hosts[index]
-    local_ranks = tuple(r for r, h in zip(ranks, hosts) if h == mine)
-    local_index = local_ranks.index(ranks[index])
-    host_index = order.index(mine)
-    local = Group(local_ranks, local_index, transport,
-                  _shared_memory(f"s{set_id}h{host_index}", local_ranks, local_index, transport, config, may_spin))
-    leaders = tuple(next(r for r, h in zip(ranks, hosts) if h == host) for host in order)
-    cross = Group(leaders, leaders.index(ranks[index]), transport) if ranks[index] in leaders else None
-    return Hierarchy(local, cross)
-
-
-def _close_segments(state: "_SetState") -> None:
-    if state.group is not None:
-        for segments in (state.group.shm, state.group.hierarchy and state.group.hierarchy.local.shm):
-            if segments is not None:
-                segments.close()
-
-
-def _shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config, may_spin=None):
-    """Shared-memory segments for a set whose ranks all live on this host (unless HOROVOD_SHM_DISABLE)."""
-    if index < 0 or len(ranks) < 2 or transport is None or config.shm_disable or not shm.available():
-        return None
-    hosts = {transport.hostnames[r] for r in ranks} if transport.hostnames else {None, ""}
-    if len(hosts) != 1:
-        return None
-    prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-{tag}"
-    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes, shm.spin_seconds(len(ranks)),
-                           may_spin)
-
-
 def _encode(response: Response, bit: Optional[int]):
     return response.to_wire() if bit is None else bit
 
@@ -171,7 +104,7 @@ class Engine:
         self.size = size
         self.transport = transport
         self.timeline = timeline
-        self._sets: Dict[int, _SetState] = {}
+        self._sets: Dict[int, SetState] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._notified = False
@@ -221,8 +154,8 @@ class Engine:
         self._sets[set_id] = self._new_set(set_id, ranks)
         self._next_set_id = max(self._next_set_id, set_id + 1)
 
-    def _new_set(self, set_id: int, ranks: Sequence[int]) -> _SetState:
-        state = _SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait)
+    def _new_set(self, set_id: int, ranks: Sequence[int]) -> SetState:
+        state = SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait)
         if state.coordinator is not None:
             state.coordinator.track_arrivals = self.timeline is not None
         return state
@@ -440,7 +373,7 @@ class Engine:
             self.transport.close()
         self._fail_all(self._error or SHUT_DOWN_MESSAGE)
         for state in list(self._sets.values()):
-            _close_segments(state)
+            close_segments(state)
         self._loop_ended = True
         self._notify()      # an engine thread asleep in select learns of it
 
@@ -619,7 +552,7 @@ class Engine:
             return None
         return timeout
 
-    def _recv_message(self, state: _SetState, peer: int):
+    def _recv_message(self, state: SetState, peer: int):
         """The next negotiation message from ``peer``, skipping cycle requests that this cycle already answers."""
         if state.id == 0 and peer in self._early:
             return self._early.pop(peer)
@@ -657,7 +590,7 @@ class Engine:
         self._early_urgent = self._early_urgent or urgent
 
     @staticmethod
-    def _message(state: _SetState, shutdown: bool) -> tuple:
+    def _message(state: SetState, shutdown: bool) -> tuple:
         hits, full = split_hits(state.cache, state.last_requests, state.drain())
         return (shutdown, hits, [r.to_wire() for r in full])
 
@@ -694,7 +627,7 @@ class Engine:
                 return True
         return False
 
-    def _negotiate(self, state: _SetState, shutdown: bool) -> Tuple[bool, List[List[Response]]]:
+    def _negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[List[Response]]]:
         transport = self.transport
         if state.coordinator is not None:
             hits, full = split_hits(state.cache, state.last_requests, state.drain())
@@ -732,7 +665,7 @@ class Engine:
             raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
         return bool(reply[0]), batches
 
-    def _execute(self, state: _SetState, batches: List[List[Response]]) -> None:
+    def _execute(self, state: SetState, batches: List[List[Response]]) -> None:
         executed: List[Response] = []
         for batch in batches:
             response = fusion.merge(batch)
@@ -762,7 +695,7 @@ class Engine:
                 self._cycle_bytes += sum(nbytes(response.dtype, shape) for shape in response.shapes)
         state.cache.record(executed)
 
-    def _complete(self, state: _SetState, entries: Dict[str, Entry], results=None, error=None) -> None:
+    def _complete(self, state: SetState, entries: Dict[str, Entry], results=None, error=None) -> None:
         with state.lock:
             for name in entries:
                 state.entries.pop(name, None)
@@ -790,7 +723,7 @@ class Engine:
                 entries, removed.entries = removed.entries, {}
             for entry in entries.values():
                 entry.handle.set_exception(HorovodInternalError(f"process set {set_id} was removed"))
-            _close_segments(removed)
+            close_segments(removed)
         return removed is not None
 
     def mark_joined(self) -> None:

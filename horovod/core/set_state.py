@@ -1,0 +1,81 @@
+"""What the engine keeps for one process set: its ranks, groups (with shared memory and the hierarchy where they
+apply), response cache, coordinator (on the set's first rank), and the requests waiting to be negotiated."""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Sequence
+
+from horovod.algorithms.group import Group
+from horovod.algorithms.hierarchical import Hierarchy
+from horovod.common.types import Request
+from horovod.core.controller import Coordinator
+from horovod.core.ops import Entry
+from horovod.core.response_cache import ResponseCache
+from horovod.transport import shm
+
+
+class SetState:
+    """Everything the engine keeps for one process set."""
+
+    def __init__(self, set_id: int, ranks: Sequence[int], rank: int, transport, config, may_spin=None):
+        self.id = set_id
+        self.ranks = tuple(ranks)
+        self.index = self.ranks.index(rank) if rank in self.ranks else -1
+        self.group = Group(self.ranks, self.index, transport,
+                           shared_memory(f"s{set_id}", self.ranks, self.index, transport, config, may_spin),
+                           hierarchy(set_id, self.ranks, self.index, transport, config, may_spin)) \
+            if self.index >= 0 else None
+        self.cache = ResponseCache(config.cache_capacity)
+        self.coordinator = Coordinator(
+            self.ranks, self.cache, config.fusion_threshold, config.disable_group_fusion,
+            config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
+            not config.stall_check_disable) if self.index == 0 else None
+        self.last_requests: Dict[str, Request] = {}
+        self.queue: List[Request] = []
+        self.entries: Dict[str, Entry] = {}
+        self.lock = threading.Lock()
+        self.removed = False
+
+    def drain(self) -> List[Request]:
+        with self.lock:
+            requests, self.queue = self.queue, []
+        return requests
+
+
+def hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config, may_spin=None):
+    """Local and cross groups for hierarchical allreduce, when asked for and the set spans several hosts."""
+    if not config.hierarchical_allreduce or index < 0 or transport is None or not transport.hostnames:
+        return None
+    hosts = [transport.hostnames[r] for r in ranks]
+    order = list(dict.fromkeys(hosts))
+    if len(order) < 2:
+        return None
+    mine = hosts[index]
+    local_ranks = tuple(r for r, h in zip(ranks, hosts) if h == mine)
+    local_index = local_ranks.index(ranks[index])
+    host_index = order.index(mine)
+    local = Group(local_ranks, local_index, transport,
+                  shared_memory(f"s{set_id}h{host_index}", local_ranks, local_index, transport, config, may_spin))
+    leaders = tuple(next(r for r, h in zip(ranks, hosts) if h == host) for host in order)
+    cross = Group(leaders, leaders.index(ranks[index]), transport) if ranks[index] in leaders else None
+    return Hierarchy(local, cross)
+
+
+def close_segments(state: "SetState") -> None:
+    if state.group is not None:
+        for segments in (state.group.shm, state.group.hierarchy and state.group.hierarchy.local.shm):
+            if segments is not None:
+                segments.close()
+
+
+def shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config, may_spin=None):
+    """Shared-memory segments for a set whose ranks all live on this host (unless HOROVOD_SHM_DISABLE)."""
+    if index < 0 or len(ranks) < 2 or transport is None or config.shm_disable or not shm.available():
+        return None
+    hosts = {transport.hostnames[r] for r in ranks} if transport.hostnames else {None, ""}
+    if len(hosts) != 1:
+        return None
+    prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-{tag}"
+    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes, shm.spin_seconds(len(ranks)),
+                           may_spin)
