@@ -2,6 +2,7 @@
 Open MPI's real mpirun, directly and through ``horovodrun --mpi`` (tier cli)."""
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -105,9 +106,19 @@ def test_mpirun_command_names_variables_but_never_the_secret():
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768 up on Linux): between this probe and rank 0's bind,
+    no other process's automatic bind can take it. mpirun's own daemons listen on ephemeral ports, and one that
+    landed on a probed ephemeral port made rank 0's bind fail (seen in CI)."""
+    rng = random.Random(os.getpid())
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 def _clean_env(**extra):
