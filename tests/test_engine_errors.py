@@ -104,8 +104,10 @@ def _stall(marker):
 
 
 @pytest.mark.ranks
-def test_stall_warning_names_tensor_and_missing_rank_then_fails_it(tmp_path):
-    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"}
+@pytest.mark.parametrize("negotiation", ["peer", "star"])
+def test_stall_warning_names_tensor_and_missing_rank_then_fails_it(tmp_path, negotiation):
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2",
+           "HOROVOD_NEGOTIATION": negotiation}
     (error, records), _ = spawn_ranks(_stall, 2, timeout=60, env=env, args=(str(tmp_path / "marker"),))
     assert error is not None and error.startswith("HorovodInternalError")
     assert "allreduce.lonely" in error and "[1]" in error
@@ -272,3 +274,24 @@ def test_collectives_after_another_rank_shut_down_fail_instead_of_hanging():
     first, second = spawn_ranks(_after_peer_shutdown, 2, timeout=60)
     assert second == "shut down"
     assert first.startswith("error after") and "shut down" in first
+
+
+def _busy_partner():
+    import time as _time
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    if hvd.rank() == 1:
+        _time.sleep(2.5)     # the user's own computation, longer than HOROVOD_GLOO_TIMEOUT_SECONDS
+    value = hvd.allreduce(np.ones(1), op=hvd.Sum, name="late").tolist()
+    hvd.shutdown()
+    return value
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("negotiation", ["peer", "star"])
+def test_a_rank_busy_in_its_own_code_is_not_taken_for_dead(negotiation):
+    # Rank 0 waits 2.5 s for rank 1's tensor with a 1 s peer timeout: rank 1's engine still answers, so no error.
+    results = spawn_ranks(_busy_partner, 2, timeout=60,
+                          env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "1", "HOROVOD_NEGOTIATION": negotiation})
+    assert results == [[2.0], [2.0]]

@@ -239,3 +239,46 @@ def test_fast_track_tensor_stalls_are_reported_and_a_join_completes_it():
     assert [(r.name, r.missing_ranks) for r in reports] == [("w", (1,))]
     batches, _ = ranks.step([[], [req("join", op=OpType.JOIN)]], now=8.0)
     assert names(batches)[0] == ["w"] and batches[0][0].error is None
+
+
+def test_peer_negotiation_members_decide_alike_from_the_same_messages():
+    # Under peer negotiation every member runs the set's coordinator; identical input must give identical output,
+    # including cache bits, fusion plans, errors, stalls (one clock) and the fast track.
+    members = [coordinator(size=3, threshold=64, stall_warning=1.0, stall_shutdown=2.0) for _ in range(3)]
+    caches = [c.cache for c in members]
+    sequence = [
+        [msg(req("a"), req("b")), msg(req("b")), msg(req("a"), req("b"), req("c"))],
+        [msg(req("c")), msg(req("a"), req("c", shape=(5,))), msg()],
+        [msg(req("x")), msg(), msg()],
+    ]
+    for clock, messages in enumerate(sequence * 3):
+        outputs = []
+        for member, cache in zip(members, caches):
+            batches, stop, reports = member.step(messages, float(clock))
+            cache.record([r for b in batches for r in b])
+            outputs.append(([[r.to_wire() for r in b] for b in batches], stop,
+                            [(s.name, s.missing_ranks) for s in reports]))
+        assert outputs[0] == outputs[1] == outputs[2]
+    assert caches[0]._names == caches[1]._names == caches[2]._names
+
+
+@pytest.mark.parametrize("env, size, peer", [
+    ({}, 2, True), ({}, 4, True), ({}, 5, False), ({}, 1, False), ({"HOROVOD_NEGOTIATION": "star"}, 2, False),
+    ({"HOROVOD_NEGOTIATION": "peer"}, 8, True), ({"HOROVOD_AUTOTUNE": "1"}, 2, False)])
+def test_negotiation_mode_follows_size_and_settings(env, size, peer):
+    from horovod.common.config import load_config
+    from horovod.core.engine import Engine
+    engine = Engine(load_config(env), 0, size, None)
+    try:
+        assert engine._peer_mode is peer
+    finally:
+        engine._wake_r.close()
+        engine._wake_w.close()
+
+
+def test_unknown_negotiation_mode_is_a_clear_error():
+    from horovod.common.config import load_config
+    from horovod.common.exceptions import HorovodConfigError
+    from horovod.core.engine import Engine
+    with pytest.raises(HorovodConfigError, match="HOROVOD_NEGOTIATION='ring': use auto, peer or star"):
+        Engine(load_config({"HOROVOD_NEGOTIATION": "ring"}), 0, 2, None)

@@ -90,9 +90,13 @@ def _latency_bound_then_more():
     return out
 
 
+NEGOTIATIONS = ["peer", "star"]
+
+
 @pytest.mark.ranks
-def test_waiting_threads_run_the_loop_and_nothing_starves():
-    results = spawn_ranks(_latency_bound_then_more, 3, timeout=120)
+@pytest.mark.parametrize("negotiation", NEGOTIATIONS)
+def test_waiting_threads_run_the_loop_and_nothing_starves(negotiation):
+    results = spawn_ranks(_latency_bound_then_more, 3, timeout=120, env={"HOROVOD_NEGOTIATION": negotiation})
     for rank, out in enumerate(results):
         assert out["sums_ok"], rank
         assert out["unwaited_finished"] and out["unwaited"] == [3.0, 3.0], rank
@@ -144,8 +148,9 @@ def _interrupted_wait():
 
 
 @pytest.mark.ranks
-def test_interrupting_a_waiting_caller_that_runs_the_loop_keeps_the_job_whole():
-    results = spawn_ranks(_interrupted_wait, 2, timeout=60)
+@pytest.mark.parametrize("negotiation", NEGOTIATIONS)
+def test_interrupting_a_waiting_caller_that_runs_the_loop_keeps_the_job_whole(negotiation):
+    results = spawn_ranks(_interrupted_wait, 2, timeout=60, env={"HOROVOD_NEGOTIATION": negotiation})
     assert results[0]["interrupted"]
     for out in results:
         assert out["go"] == [2.0] and out["x"] == [2.0, 2.0] and out["after"] == [2.0]

@@ -96,8 +96,11 @@ def connect(config, topo, scope: str) -> TcpTransport:
 
 
 # Settings that choose algorithms or give cache bits their meaning: every rank must use the same values, or the
-# ranks would disagree on which bytes travel where.
-_AGREED = ("cache_capacity", "shm_disable", "shm_min_bytes", "hierarchical_allreduce")
+# ranks would disagree on which bytes travel where. Under peer negotiation every rank plans fusion and stall
+# failures itself, so the settings those decisions read must agree too.
+_AGREED = ("cache_capacity", "shm_disable", "shm_min_bytes", "hierarchical_allreduce", "negotiation", "autotune",
+           "fusion_threshold", "disable_group_fusion", "stall_check_disable", "stall_check_time_seconds",
+           "stall_shutdown_time_seconds")
 
 
 def _agreed_settings(config) -> str:

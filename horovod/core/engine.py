@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
+from horovod.common.exceptions import HorovodConfigError, HorovodInternalError, TensorMismatchError
 from horovod.common.types import OpType, Request, Response, nbytes
 from horovod.core import fusion
 from horovod.core.controller import FATAL_ERROR, Message
@@ -68,6 +68,27 @@ def _is_reply(frame) -> bool:
 
 def _is_want(frame) -> bool:
     return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] == _NEW
+
+
+# Peer negotiation (see _peer_step): the largest job that uses it when HOROVOD_NEGOTIATION is auto. Every rank sends
+# a frame to every other rank per cycle, n(n-1) frames instead of the star's 2(n-1): for a few ranks one hop less
+# matters more than the frames.
+PEER_NEGOTIATION_MAX_RANKS = 4
+_EMPTY_MESSAGE = Message(False, (), ())
+
+
+def _is_peer_frame(frame) -> bool:
+    """("p", the sender's clock, {set id: message}): one rank's messages for one cycle."""
+    return isinstance(frame, tuple) and len(frame) == 3 and frame[0] == "p" and isinstance(frame[1], float) \
+        and isinstance(frame[2], dict)
+
+
+def _is_urgent(frame) -> bool:
+    """A peer frame that asks for a cycle even from a rank with nothing pending: shutdown or a join."""
+    try:
+        return any(message[0] or any(r[1] == OpType.JOIN for r in message[2]) for message in frame[2].values())
+    except (TypeError, IndexError):
+        return True     # malformed: the cycle decodes it and reports the error
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
                      "attempt to run a collective after hvd.shutdown().")
 
@@ -99,6 +120,9 @@ class Engine:
     """Negotiates and executes collectives for one process (rank) of a job."""
 
     def __init__(self, config, rank: int, size: int, transport, timeline=None):
+        mode = str(config.negotiation).lower()
+        if mode not in ("auto", "peer", "star"):
+            raise HorovodConfigError(f"HOROVOD_NEGOTIATION={config.negotiation!r}: use auto, peer or star")
         self.config = config
         self.rank = rank
         self.size = size
@@ -140,6 +164,15 @@ class Engine:
         self.cycle_time = config.cycle_time / 1000.0
         # Left at its default, the cycle time spaces batching cycles by at least _BATCH_SPACING_SECONDS (below).
         self._default_spacing = not config.is_explicit("HOROVOD_CYCLE_TIME")
+        # Decided alike on every rank (same size and settings), before any set is made: under peer negotiation
+        # every member of a set runs its coordinator.
+        self._peer_mode = size > 1 and (mode == "peer" or (
+            mode == "auto" and size <= PEER_NEGOTIATION_MAX_RANKS and not config.autotune))
+        self._inbox: Dict[int, tuple] = {}      # peer negotiation: each peer's frame for the coming cycle
+        self._inbox_since: Optional[float] = None
+        self._frames: Dict[int, tuple] = {}     # ... and for the cycle that runs
+        self._own: Dict[int, Message] = {}      # ... and what this rank sent for it, by set id
+        self._own_clock = 0.0
         self._cycle_bytes = 0
         self._spin = 0.0            # set at start, once the ranks' hosts are known
         self.autotuner = None
@@ -155,7 +188,8 @@ class Engine:
         self._next_set_id = max(self._next_set_id, set_id + 1)
 
     def _new_set(self, set_id: int, ranks: Sequence[int]) -> SetState:
-        state = SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait)
+        state = SetState(set_id, ranks, self.rank, self.transport, self.config, self._callers_wait,
+                         every_member_coordinates=self._peer_mode)
         if state.coordinator is not None:
             state.coordinator.track_arrivals = self.timeline is not None
         return state
@@ -163,7 +197,9 @@ class Engine:
     def start(self) -> None:
         if 0 not in self._sets:
             self.add_static_set(0, range(self.size))
-        if self.rank == 0:
+        if self._peer_mode:
+            self._peer_fds = {self.transport.fileno(p): p for p in range(self.size) if p != self.rank}
+        elif self.rank == 0:
             self._peer_fds = {self.transport.fileno(p): p for p in range(1, self.size)}
         else:
             self._coordinator_fd = self.transport.fileno(0)
@@ -243,7 +279,7 @@ class Engine:
                 self._blocked += delta
         if delta >= 0:
             self._waited = True
-            if self.rank == 0 or self._parked or (not self._presented and self._sets[0].queue):
+            if self.rank == 0 or self._parked or not self._presented and (self._peer_mode or self._sets[0].queue):
                 self._notify()     # rank 0 may start the cycle, a follower may announce its requests
 
     def _callers_wait(self) -> bool:
@@ -347,7 +383,7 @@ class Engine:
 
     def _run_steps(self, done: Callable[[], bool]) -> None:
         """Run the loop's steps (holding the loop lock) until ``done()`` or the loop ends; a failure ends it."""
-        step = self._drive_step if self.rank == 0 else self._follow_step
+        step = self._peer_step if self._peer_mode else self._drive_step if self.rank == 0 else self._follow_step
         try:
             while not done() and not self._loop_ended:
                 if step():
@@ -530,6 +566,119 @@ class Engine:
                 self._waited_before, self._waited = self._waited, self._blocked > 0
                 return self._cycle()
 
+    def _peer_step(self) -> bool:
+        """Peer negotiation, every rank: send this cycle's messages to every other rank when due, then run the cycle
+        once every rank's have arrived; True when the job shuts down.
+
+        Every member of a set runs the set's coordinator over the same messages (and the clock of the set's first
+        rank), so all decide the same batches without a reply: a tensor is ready one network hop after its last
+        rank submitted it instead of two, and the rank that submits last negotiates at once. A frame is due when
+        this rank has requests (at once while a caller waits, else after the batch spacing, so that a burst of
+        gradients travels together), when a peer's frame waits and this rank has tensors it might complete (or the
+        frame carries a shutdown or a join), and otherwise every poll interval while anything waits, for the
+        stall checks. One frame per rank and cycle: a peer's next frame is read only after this cycle ran, so it
+        never lands in the middle of the data phase.
+        """
+        peers = self._peer_fds
+        while True:
+            timeout = None
+            if not self._presented:
+                now = time.monotonic()
+                timeout = self._frame_due(now)
+                if timeout is not None and timeout <= 0:
+                    self._send_frame(now)
+                    timeout = None
+            if self._presented and len(self._inbox) == self.size - 1:
+                break
+            waiting = [fd for fd, peer in peers.items() if peer not in self._inbox]
+            if self._presented and self.transport.timeout > 0:
+                # A live peer answers a frame within a poll interval, idle or not: one silent for the transport's
+                # timeout is hung or cut off (an idle star follower would never be asked).
+                left = self._own_clock + self.transport.timeout - time.monotonic()
+                if left <= 0:
+                    raise self.transport.silent(peers[waiting[0]])
+                timeout = _shorter(timeout, left)
+            for fd in self._select([self._wake_r] + waiting, timeout):
+                if fd is self._wake_r:
+                    self._drain_wake()
+                    continue
+                peer = peers[fd]
+                frame = self.transport.recv_obj(peer)
+                if not _is_peer_frame(frame):
+                    raise HorovodInternalError(f"rank {self.rank} expected rank {peer}'s negotiation frame, got "
+                                               f"{frame!r:.100} (is HOROVOD_NEGOTIATION the same on every rank?)")
+                self._inbox[peer] = frame
+                if self._inbox_since is None:
+                    self._inbox_since = time.monotonic()
+        self._presented = False
+        self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
+        self._last_start = time.monotonic()
+        self._waited_before, self._waited = self._waited, self._blocked > 0
+        return self._cycle()
+
+    def _frame_due(self, now: float) -> Optional[float]:
+        """Peer negotiation: in how long this rank's frame for the next cycle is due (<= 0: now; None: not yet)."""
+        if self._shutdown or any(state.queue for state in self._sets.values() if state.index >= 0):
+            if self._queued_since is None:
+                self._queued_since = now
+            if self._blocked > 0 or self._waited or self._waited_before or self._inbox or self._shutdown:
+                return 0.0
+            return self._queued_since + self._batch_spacing() - now
+        pending = any(state.entries for state in self._sets.values() if state.index >= 0)
+        if self._inbox:
+            if pending or any(_is_urgent(frame) for frame in self._inbox.values()):
+                return 0.0
+            return self._inbox_since + _POLL_SECONDS - now
+        if pending:
+            return self._last_start + _POLL_SECONDS - now
+        return None
+
+    def _send_frame(self, now: float) -> None:
+        own: Dict[int, Message] = {}
+        wire: Dict[int, tuple] = {}
+        for set_id, state in self._sets.items():
+            if state.index < 0:
+                continue
+            hits, full = split_hits(state.cache, state.last_requests, state.drain())
+            shutdown = self._shutdown if set_id == 0 else False
+            if shutdown or hits or full:
+                own[set_id] = Message(shutdown, tuple(hits), tuple(full))
+                wire[set_id] = (shutdown, hits, [r.to_wire() for r in full])
+        frame = ("p", now, wire)
+        for peer in self._peer_fds.values():
+            self.transport.send_obj(peer, frame)
+        self._own, self._own_clock = own, now
+        self._presented = True
+        self._queued_since = None
+
+    def _decide(self, state: SetState) -> Tuple[bool, List[List[Response]]]:
+        """Peer negotiation: this member's coordinator decides the set's batches from every member's message."""
+        messages = []
+        clock = 0.0
+        for position, rank in enumerate(state.ranks):
+            if rank == self.rank:
+                message, sent_at = self._own.get(state.id, _EMPTY_MESSAGE), self._own_clock
+            else:
+                frame = self._frames[rank]
+                data = frame[2].get(state.id)
+                message, sent_at = (_EMPTY_MESSAGE if data is None else _decode_message(data)), frame[1]
+            if position == 0:
+                clock = sent_at     # stall times by one clock, so that every member decides alike
+            messages.append(message)
+        batches, stop, reports = state.coordinator.step(messages, clock)
+        if state.index == 0:
+            self._report_stalls(reports)
+        if self.timeline is not None:
+            self.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
+        return stop, batches
+
+    @staticmethod
+    def _report_stalls(reports) -> None:
+        for report in reports:
+            log.warning("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+                        "ranks and are waiting for remainder of ranks for more than %.0f seconds. Stalled "
+                        "tensor %s, missing ranks: %s", report.waited, report.name, list(report.missing_ranks))
+
     def _presentable(self) -> bool:
         """A follower: only global-set requests wait, which its early message can carry."""
         return bool(self._sets[0].queue) and not self._shutdown and not any(
@@ -628,6 +777,8 @@ class Engine:
         return False
 
     def _negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[List[Response]]]:
+        if self._peer_mode:
+            return self._decide(state)
         transport = self.transport
         if state.coordinator is not None:
             hits, full = split_hits(state.cache, state.last_requests, state.drain())
@@ -636,10 +787,7 @@ class Engine:
                 messages.append(_decode_message(self._recv_message(state, peer)))
             now = time.monotonic()
             batches, stop, reports = state.coordinator.step(messages, now)
-            for report in reports:
-                log.warning("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
-                            "ranks and are waiting for remainder of ranks for more than %.0f seconds. Stalled "
-                            "tensor %s, missing ranks: %s", report.waited, report.name, list(report.missing_ranks))
+            self._report_stalls(reports)
             if self.timeline is not None:
                 self.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
             cached_bit = state.cache.cached_bit

@@ -1,5 +1,6 @@
 """What the engine keeps for one process set: its ranks, groups (with shared memory and the hierarchy where they
-apply), response cache, coordinator (on the set's first rank), and the requests waiting to be negotiated."""
+apply), response cache, coordinator (on the set's first rank, or on every member under peer negotiation), and the
+requests waiting to be negotiated."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from horovod.transport import shm
 class SetState:
     """Everything the engine keeps for one process set."""
 
-    def __init__(self, set_id: int, ranks: Sequence[int], rank: int, transport, config, may_spin=None):
+    def __init__(self, set_id: int, ranks: Sequence[int], rank: int, transport, config, may_spin=None,
+                 every_member_coordinates: bool = False):
         self.id = set_id
         self.ranks = tuple(ranks)
         self.index = self.ranks.index(rank) if rank in self.ranks else -1
@@ -30,7 +32,8 @@ class SetState:
         self.coordinator = Coordinator(
             self.ranks, self.cache, config.fusion_threshold, config.disable_group_fusion,
             config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
-            not config.stall_check_disable) if self.index == 0 else None
+            not config.stall_check_disable) if self.index == 0 or (every_member_coordinates and self.index >= 0) \
+            else None
         self.last_requests: Dict[str, Request] = {}
         self.queue: List[Request] = []
         self.entries: Dict[str, Entry] = {}

@@ -16,6 +16,13 @@ class Future(Protocol):
 class Transport(Protocol):
     rank: int
     size: int
+    timeout: float      # seconds a peer may stay silent (0: forever)
+
+    def fileno(self, peer: int) -> int:
+        """The connection to ``peer``, for waiting on several peers at once."""
+
+    def silent(self, peer: int) -> Exception:
+        """The error for ``peer`` having owed a message for longer than ``timeout``; the transport fails."""
 
     def send(self, peer: int, data) -> None:
         """Send all of ``data`` (bytes or a memoryview) to ``peer``."""

@@ -236,6 +236,10 @@ class TcpTransport:
             self.close()
         return HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
 
+    def silent(self, peer: int) -> HorovodInternalError:
+        """``peer`` owed this rank a message for longer than the timeout: the same failure as a silent receive."""
+        return self._fail(peer, socket.timeout())
+
     def _sock(self, peer: int) -> socket.socket:
         if self._broken is not None:
             raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
