@@ -10,7 +10,8 @@ Cycles happen on demand: rank 0 starts one (a GO frame to every rank) when it ha
 (a WANT frame, sent when that rank has work). New requests start a cycle at once; while ranks merely wait for each
 other, cycles are spaced by ``HOROVOD_CYCLE_TIME``. An idle job exchanges nothing and burns no CPU, and a lone tensor
 starts moving at once instead of waiting for the next tick. Tensors submitted while a cycle runs are fused in the
-next one, so batching adapts to how long a cycle takes.
+next one, so batching adapts to how long a cycle takes. Up to 4 ranks (``HOROVOD_NEGOTIATION``) there is no rank 0
+in the middle: every rank sends its requests to every other rank and all members decide alike (:meth:`_peer_step`).
 
 "The thread" is usually the engine thread, but a thread that blocks on a handle while the engine thread sleeps runs
 the loop itself until its handle completes: a blocking collective then costs no thread hand-off (two scheduler
@@ -147,6 +148,7 @@ class Engine:
         self._blocked = 0                       # threads of this process blocked on a handle
         self._blocked_lock = threading.Lock()
         self._waited = False                    # a thread blocked on a handle since the last cycle start
+        self._polled = False                    # ... or polled one (peer negotiation: a frame is due at once)
         self._waited_before = False             # ... since the start of the cycle before the current one
         self._queued_since: Optional[float] = None   # a follower: when the global set's queue became non-empty
         # Whoever runs the loop holds this: the engine thread, except while it sleeps in select; then a waiting
@@ -279,6 +281,7 @@ class Engine:
                 self._blocked += delta
         if delta >= 0:
             self._waited = True
+            self._polled = self._polled or delta == 0
             if self.rank == 0 or self._parked or not self._presented and (self._peer_mode or self._sets[0].queue):
                 self._notify()     # rank 0 may start the cycle, a follower may announce its requests
 
@@ -612,6 +615,7 @@ class Engine:
                     self._inbox_since = time.monotonic()
         self._presented = False
         self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
+        self._polled = False
         self._last_start = time.monotonic()
         self._waited_before, self._waited = self._waited, self._blocked > 0
         return self._cycle()
@@ -621,7 +625,10 @@ class Engine:
         if self._shutdown or any(state.queue for state in self._sets.values() if state.index >= 0):
             if self._queued_since is None:
                 self._queued_since = now
-            if self._blocked > 0 or self._waited or self._waited_before or self._inbox or self._shutdown:
+            # Only for a caller waiting or polling now, not for a latency-bound past (_waited stays set after a
+            # driven cycle): a step that submits 200 gradients and then waits would send the first one from
+            # whichever thread looks first, and take two cycles.
+            if self._blocked > 0 or self._polled or self._inbox or self._shutdown:
                 return 0.0
             return self._queued_since + self._batch_spacing() - now
         pending = any(state.entries for state in self._sets.values() if state.index >= 0)
