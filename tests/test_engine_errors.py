@@ -295,3 +295,41 @@ def test_a_rank_busy_in_its_own_code_is_not_taken_for_dead(negotiation):
     results = spawn_ranks(_busy_partner, 2, timeout=60,
                           env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "1", "HOROVOD_NEGOTIATION": negotiation})
     assert results == [[2.0], [2.0]]
+
+
+DEATH_IN_BARRIER_SCRIPT = r"""
+import os, time
+import numpy as np
+import horovod.numpy as hvd
+from horovod.common.exceptions import HorovodInternalError
+from horovod.transport import shm
+hvd.init()
+hvd.allreduce(np.ones(1 << 16), name="warmup")     # through shared memory: segments mapped, barriers counted
+if hvd.rank() == 1:
+    entered = shm.ShmSegments.barrier
+    def dies_between_barriers(self):
+        entered(self)
+        os._exit(3)     # after the first barrier of the next allreduce: the others wait in its second one
+    shm.ShmSegments.barrier = dies_between_barriers
+start = time.monotonic()
+try:
+    hvd.allreduce(np.ones(1 << 16), name="doomed")
+    print("NO ERROR")
+except HorovodInternalError as exc:
+    print(f"ERROR after {time.monotonic() - start:.2f}s: {exc}")
+"""
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_peer_dying_inside_a_shared_memory_collective_fails_the_others_fast(tmp_path, size):
+    # Three ranks on two cores sleep in the barrier (no spinning); two spin first, then sleep.
+    script = tmp_path / "death_in_barrier.py"
+    script.write_text(DEATH_IN_BARRIER_SCRIPT)
+    codes, outputs = _run_raw_ranks(script, size, lambda rank: {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"})
+    assert codes[1] == 3
+    for rank in [r for r in range(size) if r != 1]:
+        assert "ERROR after" in outputs[rank], outputs[rank]
+        seconds = float(outputs[rank].split("ERROR after ")[1].split("s:")[0])
+        assert seconds < 5, outputs[rank]
+        assert "rank 1" in outputs[rank], outputs[rank]

@@ -3,9 +3,15 @@
 Each rank of a group owns one segment (a file in ``/dev/shm`` mapped by every rank of the group); collectives write
 into their own segment and read their peers' directly, so bytes between ranks of one host never cross a socket.
 Segments are unlinked as soon as every peer has mapped them, so nothing is left behind in ``/dev/shm`` even when a
-process is killed. Synchronisation uses the group's TCP connections (a dissemination barrier of 1-byte messages):
-waiting ranks sleep in the kernel instead of spinning, which matters when ranks outnumber cores, and a dead peer is
-noticed as on any other wait.
+process is killed.
+
+Barriers count in the segments' headers: a rank arriving writes its count, and a waiting rank spins on its peers'
+counts briefly (only while every local rank has a core), then sleeps on a wake-up socket of its own, saying so in its
+header; an arriving rank that sees a peer asleep on this barrier sends it a datagram. A barrier whose peers arrive
+while it spins costs no system call at all (two per barrier before, one send and one receive on the connection).
+Sleeping ranks look again at least every few milliseconds (a wake-up lost to reordered memory accesses, or a
+namespace that hides the socket, costs time, never a hang), watch their peers' connections for a hang-up, and give
+up after the transport's timeout. Before the segments are first mapped, barriers are bytes on the connections.
 """
 
 from __future__ import annotations
@@ -13,6 +19,10 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import platform
+import socket
+import struct
+import threading
 import time
 from typing import List, Optional, Sequence
 
@@ -21,8 +31,24 @@ import numpy as np
 from horovod.common.exceptions import HorovodInternalError
 
 SHM_DIR = "/dev/shm"
-_HEADER = 4096    # a page before the data: the barrier counter, and page-aligned data after it
-SPIN_SECONDS = 0.0002   # how long a barrier spins on shared memory before it sleeps in a receive
+_HEADER = 4096    # a page before the data: the barrier counters, and page-aligned data after it
+_ARRIVED, _ASLEEP = 0, 8   # header offsets: barriers entered; the barrier this rank sleeps in (0: awake)
+SPIN_SECONDS = 0.0002   # how long a barrier spins on shared memory before it sleeps
+_FIRST_LOOK, _LAST_LOOK = 0.001, 0.05    # a sleeping rank looks at its peers' counters this often, backing off
+_FENCE = threading.Lock()
+# Counters alone order a peer's data before its count only where stores are seen in program order (x86's TSO) and a
+# locked instruction is a full fence; elsewhere barriers stay bytes on the connections, whose system calls order.
+COUNTER_BARRIERS = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def _fence() -> None:
+    """Order this thread's earlier stores before its later loads (a locked instruction on x86).
+
+    "Write my count, then read whether a peer sleeps" against "write that I sleep, then read the counts": without it
+    both reads may see the old values and the sleeper misses its wake-up until it looks again.
+    """
+    _FENCE.acquire()
+    _FENCE.release()
 
 
 def spin_seconds(local_ranks: int) -> float:
@@ -57,6 +83,20 @@ class ShmSegments:
         self._views: List[np.ndarray] = []
         self._token = bytearray(1)
         self._flags: List[np.ndarray] = []   # per segment: the number of barriers its rank has entered
+        self._asleep: List[np.ndarray] = []  # per segment: the barrier its rank sleeps in, 0 when awake
+        self._wake: Optional[socket.socket] = None     # datagrams from peers that saw us asleep
+        self._wake_timeout = 0.0
+        self._wake_names = ["\0" + f"{prefix}-w{rank}" for rank in self.ranks]
+        try:
+            wake = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                wake.bind(self._wake_names[index])
+            except OSError:
+                wake.close()
+                raise
+            self._wake = wake
+        except (OSError, AttributeError):
+            pass    # no abstract Unix sockets here: sleepers find out by looking, every few milliseconds
         self._epoch = 0
         self._half = 0            # which half the next chunk of a halved collective uses
         self._settled = True      # no peer can still be reading our segments
@@ -66,17 +106,16 @@ class ShmSegments:
     def barrier(self) -> None:
         """Every rank of the group has called ``barrier`` as often as this one.
 
-        The bytes exchanged over the group's connections are the barrier (they also notice a dead peer). While
-        ranks do not outnumber cores and the process has nothing else to run (its callers wait for results), a rank
-        first spins briefly on its peers' counters in shared memory: once a counter moved, that peer's byte has been
-        sent, so the receive below returns at once instead of sleeping, and a sleep and wake-up costs more than the
-        whole exchange on a virtual machine. During a training step the cores compute, and nobody spins.
+        Counted in the segments' headers once they are mapped (see the module's docstring). While ranks do not
+        outnumber cores and the process has nothing else to run (its callers wait for results), a waiting rank
+        first spins briefly on its peers' counters: a sleep and wake-up costs more than the whole barrier on a
+        virtual machine. During a training step the cores compute, and nobody spins.
         """
         n = len(self.ranks)
         if n == 1:
             return
-        if self._flags:
-            self._flagged_barrier(n)
+        if self._flags and COUNTER_BARRIERS:
+            self._counted_barrier(n)
             return
         distance = 1
         while distance < n:
@@ -87,23 +126,71 @@ class ShmSegments:
             pending.wait()
             distance *= 2
 
-    def _flagged_barrier(self, n: int) -> None:
-        # Every rank counts its barriers in its segment's header, whether or not it spins itself.
-        peers = [p for p in range(n) if p != self.index]
-        pending = [self.transport.isend(self.ranks[p], memoryview(b"\x01")) for p in peers]
-        for p in pending:
-            p.wait()
+    def _counted_barrier(self, n: int) -> None:
         self._epoch += 1
         epoch = self._epoch
-        self._flags[self.index][0] = epoch      # after our bytes are on their way
+        flags = self._flags
+        flags[self.index][0] = epoch
+        _fence()
+        peers = [p for p in range(n) if p != self.index]
+        for p in peers:
+            if self._asleep[p][0] == epoch:
+                self._wake_up(p)
         if self.spin_seconds > 0 and (self.may_spin is None or self.may_spin()):
             deadline = time.perf_counter() + self.spin_seconds
             for p in peers:
-                flag = self._flags[p]
+                flag = flags[p]
                 while flag[0] < epoch and time.perf_counter() < deadline:
                     pass
-        for p in peers:
-            self.transport.recv_into(self.ranks[p], memoryview(self._token))
+        if any(flags[p][0] < epoch for p in peers):
+            self._sleep(epoch, peers)
+
+    def _wake_up(self, position: int) -> None:
+        if self._wake is None:
+            return
+        try:
+            self._wake.sendto(b"\x01", socket.MSG_DONTWAIT, self._wake_names[position])
+        except OSError:
+            pass    # its queue is full (it will wake), or it is gone (its connection says so)
+
+    def _sleep(self, epoch: int, peers: List[int]) -> None:
+        """Wait until every peer entered barrier ``epoch``; a hang-up or the timeout raises HorovodInternalError.
+
+        One blocking receive on the wake-up socket per look: a peer's datagram ends it at once. Between looks that
+        found nobody new, the waiting peers' connections are checked for a hang-up.
+        """
+        flags, mine, wake = self._flags, self._asleep[self.index], self._wake
+        timeout = getattr(self.transport, "timeout", 0.0)
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        look = _FIRST_LOOK
+        try:
+            while True:
+                mine[0] = epoch
+                _fence()
+                waiting = [p for p in peers if flags[p][0] < epoch]
+                if not waiting:
+                    return
+                if wake is not None:
+                    if look != self._wake_timeout:
+                        # In the kernel, not Python's timeout: that would poll before every receive, and the
+                        # wake-up path is one system call on each side.
+                        wake.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                                        struct.pack("ll", 0, int(look * 1e6)))
+                        self._wake_timeout = look
+                    try:
+                        wake.recv(16)
+                        continue    # woken (or by an old datagram): look again
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                else:
+                    time.sleep(look)
+                for p in waiting:
+                    self.transport.check_open(self.ranks[p])    # raises on a hang-up
+                if deadline is not None and time.monotonic() > deadline:
+                    raise self.transport.silent(self.ranks[waiting[0]])
+                look = min(2 * look, _LAST_LOOK)
+        finally:
+            mine[0] = 0
 
     def next_half(self) -> int:
         """The half of every segment the next chunk uses; halves alternate across collectives too."""
@@ -162,9 +249,10 @@ class ShmSegments:
                 os.unlink(own)
             except OSError:
                 pass
-        self.close()
+        self._unmap()
         self._maps = maps
-        self._flags = [np.frombuffer(m, dtype=np.uint64, count=1) for m in maps]
+        self._flags = [np.frombuffer(m, dtype=np.uint64, count=1, offset=_ARRIVED) for m in maps]
+        self._asleep = [np.frombuffer(m, dtype=np.uint64, count=1, offset=_ASLEEP) for m in maps]
         self._views = [np.frombuffer(m, dtype=np.uint8, offset=_HEADER) for m in maps]
         self._epoch = 0
         self._settled = True      # ``ensure`` synchronised every rank before the old segments went
@@ -174,8 +262,15 @@ class ShmSegments:
         return self._views[position]
 
     def close(self) -> None:
+        self._unmap()
+        if self._wake is not None:
+            self._wake.close()
+            self._wake = None
+
+    def _unmap(self) -> None:
         self._views = []
         self._flags = []
+        self._asleep = []
         for m in self._maps:
             if m is not None:
                 try:

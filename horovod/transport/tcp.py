@@ -236,6 +236,16 @@ class TcpTransport:
             self.close()
         return HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
 
+    def check_open(self, peer: int) -> None:
+        """Raise HorovodInternalError if ``peer`` hung up; bytes waiting on the connection are left there."""
+        sock = self._sock(peer)
+        try:
+            # (A socket with a timeout waits for data before it receives, MSG_DONTWAIT or not: look first.)
+            if select.select([sock], [], [], 0)[0] and sock.recv(1, socket.MSG_PEEK) == b"":
+                raise ConnectionError("connection closed by peer")
+        except (OSError, ConnectionError, ValueError) as exc:
+            raise self._fail(peer, exc) from None
+
     def silent(self, peer: int) -> HorovodInternalError:
         """``peer`` owed this rank a message for longer than the timeout: the same failure as a silent receive."""
         return self._fail(peer, socket.timeout())
