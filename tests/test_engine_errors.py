@@ -214,8 +214,9 @@ def _timeline(path):
     import horovod.numpy as hvd
     hvd.init()
     for step in range(3):
-        handles = [hvd.allreduce_async(np.ones(16, np.float32), name=f"w{i}") for i in range(3)]
+        handles = [hvd.allreduce_async(np.ones(2048, np.float32), name=f"w{i}") for i in range(3)]
         [h.result() for h in handles]
+    hvd.allreduce(np.ones(4, np.float32), name="small")     # its data travels with the negotiation
     hvd.broadcast(np.ones(3), root_rank=0, name="b")
     if hvd.rank() == 0:
         # valid JSON while the job runs: wait (bounded) for the writer's flush, which happens within 100 ms
@@ -240,7 +241,7 @@ def test_timeline_is_chrome_trace_json(tmp_path):
     events = json.load(open(path))
     names = {e.get("name") for e in events}
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "EXCHANGE_ALLREDUCE", "BROADCAST",
-            "CYCLE_START", "0", "1"} <= names
+            "NEGOTIATED_DATA_ALLREDUCE", "CYCLE_START", "0", "1"} <= names
     tensors = {e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"] > 0}
     assert {"allreduce.w0", "allreduce.w1", "allreduce.w2", "broadcast.b"} <= tensors
     begins = sum(1 for e in events if e.get("ph") == "B")

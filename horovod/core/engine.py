@@ -35,7 +35,7 @@ from horovod.core import fusion
 from horovod.core.controller import FATAL_ERROR, Message
 from horovod.core import handles
 from horovod.core.handles import Handle
-from horovod.core.ops import Buffers, Entry, execute
+from horovod.core.ops import Buffers, Entry, allreduce_contributions, execute, inline_eligible
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState, close_segments
 from horovod.transport import shm
@@ -76,6 +76,8 @@ def _is_want(frame) -> bool:
 # matters more than the frames.
 PEER_NEGOTIATION_MAX_RANKS = 4
 _EMPTY_MESSAGE = Message(False, (), ())
+# Small allreduces (ops.INLINE_TENSOR_BYTES each) travel inside peer frames, up to this many bytes per frame.
+INLINE_FRAME_BYTES = 16 * 1024
 
 
 def _is_peer_frame(frame) -> bool:
@@ -107,6 +109,12 @@ class _LoopEnded(Exception):
 
 def _encode(response: Response, bit: Optional[int]):
     return response.to_wire() if bit is None else bit
+
+
+def _inline_data(data, rank: int) -> Dict[str, bytes]:
+    if not (isinstance(data, dict) and all(isinstance(k, str) and isinstance(v, bytes) for k, v in data.items())):
+        raise HorovodInternalError(f"malformed tensor data in rank {rank}'s negotiation frame")
+    return data
 
 
 def _decode_message(data) -> Message:
@@ -641,16 +649,32 @@ class Engine:
         return None
 
     def _send_frame(self, now: float) -> None:
+        """Send this rank's messages for the next cycle to every peer.
+
+        Small allreduces carry their data along: every member then holds every contribution once the tensor is
+        ready, and folds them itself (as the exchange allreduce would, in rank order) without a data phase.
+        """
         own: Dict[int, Message] = {}
         wire: Dict[int, tuple] = {}
+        budget = INLINE_FRAME_BYTES
         for set_id, state in self._sets.items():
             if state.index < 0:
                 continue
-            hits, full = split_hits(state.cache, state.last_requests, state.drain())
+            requests = state.drain()
+            data: Dict[str, bytes] = {}
+            for request in requests:
+                if budget > 0 and inline_eligible(request):
+                    entry = state.entries.get(request.name)
+                    if entry is not None and entry.array is not None and entry.array.nbytes <= budget:
+                        data[request.name] = entry.array.tobytes()
+                        budget -= entry.array.nbytes
+            hits, full = split_hits(state.cache, state.last_requests, requests)
             shutdown = self._shutdown if set_id == 0 else False
             if shutdown or hits or full:
                 own[set_id] = Message(shutdown, tuple(hits), tuple(full))
-                wire[set_id] = (shutdown, hits, [r.to_wire() for r in full])
+                wire[set_id] = (shutdown, hits, [r.to_wire() for r in full], data)
+            if data:
+                state.hold_inline(state.index, data)
         frame = ("p", now, wire)
         for peer in self._peer_fds.values():
             self.transport.send_obj(peer, frame)
@@ -668,7 +692,9 @@ class Engine:
             else:
                 frame = self._frames[rank]
                 data = frame[2].get(state.id)
-                message, sent_at = (_EMPTY_MESSAGE if data is None else _decode_message(data)), frame[1]
+                message, sent_at = (_EMPTY_MESSAGE if data is None else _decode_message(data[:3])), frame[1]
+                if data is not None and len(data) > 3 and data[3]:
+                    state.hold_inline(position, _inline_data(data[3], rank))
             if position == 0:
                 clock = sent_at     # stall times by one clock, so that every member decides alike
             messages.append(message)
@@ -827,6 +853,8 @@ class Engine:
             with state.lock:
                 entries = {name: state.entries[name] for name in response.names if name in state.entries}
             if response.op == OpType.ERROR:
+                if state.inline:
+                    state.take_inline(response.names)
                 fatal = response.payload == (FATAL_ERROR,)
                 self._complete(state, entries, error=(HorovodInternalError if fatal else TensorMismatchError)(
                     response.error))
@@ -838,8 +866,14 @@ class Engine:
             tl = self.timeline
             if tl is not None:
                 tl.start(response)
-            results = execute(response, entries, state.group, self._buffers,
-                              (lambda activity: tl.activity(response, activity)) if tl is not None else None)
+            contributions = state.take_inline(response.names) if state.inline else None
+            if contributions is not None and response.op == OpType.ALLREDUCE:
+                if tl is not None:
+                    tl.activity(response, "NEGOTIATED_DATA_ALLREDUCE")
+                results = allreduce_contributions(response, entries, contributions, self._buffers)
+            else:
+                results = execute(response, entries, state.group, self._buffers,
+                                  (lambda activity: tl.activity(response, activity)) if tl is not None else None)
             if tl is not None:
                 tl.end(response)
             if response.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):

@@ -13,10 +13,13 @@ import numpy as np
 
 from horovod.algorithms import adasum, hierarchical, reduction, ring, shm_collectives
 from horovod.algorithms.group import Group, segment_bounds
-from horovod.common.types import OpType, ReduceOp, Request, Response, numpy_dtype
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import OpType, ReduceOp, Request, Response, nbytes, numpy_dtype
 from horovod.core.handles import Handle
 
 
+# Allreduces up to this size may travel inside peer negotiation frames (see allreduce_contributions).
+INLINE_TENSOR_BYTES = 1024
 # Alltoall and reducescatter publish whole buffers at once; past this size they use TCP instead of growing segments.
 SHM_MAX_SINGLE_ROUND = 256 << 20
 
@@ -168,6 +171,50 @@ def _allreduce(response: Response, entries: Dict[str, Entry], group: Group, buff
                 else:
                     (out if out.ndim == 1 else out.reshape(-1))[...] = part
             offset += count
+    return outputs
+
+
+def inline_eligible(request: Request) -> bool:
+    """Whether a request's data may travel inside a peer negotiation frame (small, and folded without widening)."""
+    return (request.op == OpType.ALLREDUCE and request.reduce_op != ReduceOp.ADASUM
+            and not reduction.widens(request.dtype) and nbytes(request.dtype, request.shape) <= INLINE_TENSOR_BYTES)
+
+
+def allreduce_contributions(response: Response, entries: Dict[str, Entry], contributions: List[bytes],
+                            buffers: Buffers) -> Dict[str, np.ndarray]:
+    """An allreduce whose data came with the negotiation: ``contributions[p]`` is the member at position p's input
+    for every tensor of the batch, in order. Folded as the exchange allreduce folds (each contribution prescaled, in
+    rank order, then postscaled), so every member gets the same bits."""
+    carrier = numpy_dtype(response.dtype)
+    counts = [_count(s) for s in response.shapes]
+    total = sum(counts)
+    if any(len(c) != total * carrier.itemsize for c in contributions):
+        raise HorovodInternalError(f"allreduce data for {', '.join(response.names)} that came with the negotiation "
+                                   f"has the wrong size")
+    ufunc = reduction.ufunc_for(response.reduce_op)
+    acc = buffers.get("negotiated", carrier, total)
+    acc[...] = np.frombuffer(contributions[0], dtype=carrier)
+    reduction.scale(acc, response.prescale)
+    other = buffers.get("negotiated-peer", carrier, total) if response.prescale != 1.0 else None
+    for data in contributions[1:]:
+        incoming = np.frombuffer(data, dtype=carrier)
+        if other is not None:
+            other[...] = incoming
+            reduction.scale(other, response.prescale)
+            incoming = other
+        ufunc(acc, incoming, out=acc)
+    post = response.postscale / len(contributions) if response.reduce_op == ReduceOp.AVERAGE \
+        else response.postscale
+    reduction.scale(acc, post)
+    outputs: Dict[str, np.ndarray] = {}
+    offset = 0
+    for name, shape, count in zip(response.names, response.shapes, counts):
+        entry = entries.get(name)
+        if entry is not None:
+            out = entry.output if entry.output is not None else np.empty(shape, dtype=carrier)
+            (out if out.ndim == 1 else out.reshape(-1))[...] = acc[offset:offset + count]
+            outputs[name] = out
+        offset += count
     return outputs
 
 

@@ -5,7 +5,7 @@ requests waiting to be negotiated."""
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from horovod.algorithms.group import Group
 from horovod.algorithms.hierarchical import Hierarchy
@@ -39,6 +39,24 @@ class SetState:
         self.entries: Dict[str, Entry] = {}
         self.lock = threading.Lock()
         self.removed = False
+        # Peer negotiation: small allreduces' data that came with the members' frames, by name and member position,
+        # until the tensor is executed (or fails).
+        self.inline: Dict[str, Dict[int, bytes]] = {}
+
+    def hold_inline(self, position: int, data: Dict[str, bytes]) -> None:
+        for name, contribution in data.items():
+            self.inline.setdefault(name, {})[position] = contribution
+
+    def take_inline(self, names: Sequence[str]) -> Optional[List[bytes]]:
+        """Forget the data held for ``names``; returns each member's contribution to all of them, concatenated in
+        order, when every member sent data for every name (the same answer on every member), else None."""
+        held = [self.inline.pop(name, None) for name in names]
+        size = len(self.ranks)
+        if any(h is None or len(h) != size for h in held):
+            return None
+        if len(held) == 1:
+            return [held[0][p] for p in range(size)]
+        return [b"".join(h[p] for h in held) for p in range(size)]
 
     def drain(self) -> List[Request]:
         with self.lock:
