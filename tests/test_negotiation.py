@@ -276,9 +276,12 @@ def test_negotiation_mode_follows_size_and_settings(env, size, peer):
         engine._wake_w.close()
 
 
-def test_unknown_negotiation_mode_is_a_clear_error():
+def test_unknown_or_contradictory_negotiation_mode_is_a_clear_error():
     from horovod.common.config import load_config
     from horovod.common.exceptions import HorovodConfigError
-    from horovod.core.engine import Engine
-    with pytest.raises(HorovodConfigError, match="HOROVOD_NEGOTIATION='ring': use auto, peer or star"):
-        Engine(load_config({"HOROVOD_NEGOTIATION": "ring"}), 0, 2, None)
+    from horovod.core.engine import peer_negotiation
+    with pytest.raises(HorovodConfigError, match="HOROVOD_NEGOTIATION='ring': use auto, peer, star"):
+        load_config({"HOROVOD_NEGOTIATION": "ring"})
+    assert load_config({"HOROVOD_NEGOTIATION": " Peer "}).negotiation == "peer"
+    with pytest.raises(HorovodConfigError, match="cannot run with HOROVOD_AUTOTUNE"):
+        peer_negotiation(load_config({"HOROVOD_NEGOTIATION": "peer", "HOROVOD_AUTOTUNE": "1"}), 2)

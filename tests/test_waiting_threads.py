@@ -154,3 +154,38 @@ def test_interrupting_a_waiting_caller_that_runs_the_loop_keeps_the_job_whole(ne
     assert results[0]["interrupted"]
     for out in results:
         assert out["go"] == [2.0] and out["x"] == [2.0, 2.0] and out["after"] == [2.0]
+
+
+def _set_without_an_idle_rank(marker):
+    import os
+    import time
+    import numpy as np
+    import horovod.numpy as hvd
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
+    elapsed = None
+    if hvd.rank() in (0, 1):
+        hvd.allreduce(np.ones(1), process_set=pair, name="warm")
+        start = time.monotonic()
+        for i in range(20):
+            hvd.allreduce(np.ones(1), process_set=pair, name=f"pair{i}")
+        elapsed = time.monotonic() - start
+        if hvd.rank() == 0:
+            open(marker, "w").close()
+    else:
+        # Idle, with nothing submitted (a pending collective would make it answer at once anyway), until done.
+        assert _poll_until(lambda: os.path.exists(marker), 30), "the pair never finished"
+    hvd.barrier()
+    hvd.shutdown()
+    return elapsed
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("negotiation", NEGOTIATIONS)
+def test_a_rank_outside_a_process_set_does_not_hold_it_up(negotiation, tmp_path):
+    # Rank 2 is idle and not in the set, yet every cycle needs its frame (peer) or rank 0's GO (star): it must
+    # answer at once, not at its 50 ms poll, which would make 20 blocking allreduces take at least a second.
+    results = spawn_ranks(_set_without_an_idle_rank, 3, timeout=60, args=(str(tmp_path / "done"),),
+                          env={"HOROVOD_NEGOTIATION": negotiation})
+    assert results[2] is None
+    assert results[0] < 0.5 and results[1] < 0.5, results

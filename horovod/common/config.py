@@ -51,6 +51,7 @@ class Setting:
     flag_scale: Optional[int] = None
     minimum: Optional[float] = None
     launcher_only: bool = False
+    choices: Optional[Tuple[str, ...]] = None    # allowed values of a string setting (compared lower-cased)
 
     @property
     def attr(self) -> str:
@@ -64,6 +65,10 @@ class Setting:
                 f"{self.env}={text!r} is not a valid {self.type.__name__}: {self.help}") from None
         if self.minimum is not None and value is not None and value < self.minimum:
             raise HorovodConfigError(f"{self.env}={text!r} must be >= {self.minimum}")
+        if self.choices is not None:
+            value = value.strip().lower()
+            if value not in self.choices:
+                raise HorovodConfigError(f"{self.env}={text!r}: use {', '.join(self.choices)}")
         return value
 
 
@@ -86,7 +91,8 @@ SETTINGS: Tuple[Setting, ...] = (
     S("HOROVOD_SHM_DISABLE", bool, False, "never use the shared-memory transport between ranks of one host"),
     S("HOROVOD_NEGOTIATION", str, "auto", "how ranks agree on which tensors are ready: peer (every rank sends its "
       "requests to every other rank and all decide alike: one network hop), star (through rank 0: two hops, "
-      "fewer messages in large jobs) or auto (peer up to 4 ranks, unless autotune runs)"),
+      "fewer messages in large jobs) or auto (peer up to 4 ranks, unless autotune runs)",
+      choices=("auto", "peer", "star")),
     S("HOROVOD_SHM_MIN_BYTES", int, 64 * 1024, "smallest collective that goes through shared memory; smaller ones "
       "use TCP, whose two small messages beat the shared-memory path's barriers", minimum=0),
     # Autotune.

@@ -80,17 +80,34 @@ _EMPTY_MESSAGE = Message(False, (), ())
 INLINE_FRAME_BYTES = 16 * 1024
 
 
+def peer_negotiation(config, size: int) -> bool:
+    """Whether a job of ``size`` ranks negotiates peer to peer (HOROVOD_NEGOTIATION; the same on every rank).
+
+    Raises:
+        HorovodConfigError: peer negotiation asked for together with autotune.
+    """
+    mode = config.negotiation
+    if mode == "peer" and config.autotune:
+        # Autotune changes the fusion threshold on rank 0 alone, and under peer negotiation every rank plans.
+        raise HorovodConfigError("HOROVOD_NEGOTIATION=peer cannot run with HOROVOD_AUTOTUNE (autotune tunes on "
+                                 "rank 0 alone); use auto or star")
+    return size > 1 and (mode == "peer" or (
+        mode == "auto" and size <= PEER_NEGOTIATION_MAX_RANKS and not config.autotune))
+
+
 def _is_peer_frame(frame) -> bool:
     """("p", the sender's clock, {set id: message}): one rank's messages for one cycle."""
     return isinstance(frame, tuple) and len(frame) == 3 and frame[0] == "p" and isinstance(frame[1], float) \
         and isinstance(frame[2], dict)
 
 
-def _is_urgent(frame) -> bool:
-    """A peer frame that asks for a cycle even from a rank with nothing pending: shutdown or a join."""
+def _is_urgent(frame, member_sets) -> bool:
+    """A peer frame that needs an answer even from a rank with nothing pending: shutdown, a join, or requests for a
+    process set this rank is not in (it cannot submit there, and that set's cycle waits for its frame)."""
     try:
-        return any(message[0] or any(r[1] == OpType.JOIN for r in message[2]) for message in frame[2].values())
-    except (TypeError, IndexError):
+        return any(set_id not in member_sets or message[0] or any(r[1] == OpType.JOIN for r in message[2])
+                   for set_id, message in frame[2].items())
+    except (TypeError, IndexError, AttributeError):
         return True     # malformed: the cycle decodes it and reports the error
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
                      "attempt to run a collective after hvd.shutdown().")
@@ -129,9 +146,6 @@ class Engine:
     """Negotiates and executes collectives for one process (rank) of a job."""
 
     def __init__(self, config, rank: int, size: int, transport, timeline=None):
-        mode = str(config.negotiation).lower()
-        if mode not in ("auto", "peer", "star"):
-            raise HorovodConfigError(f"HOROVOD_NEGOTIATION={config.negotiation!r}: use auto, peer or star")
         self.config = config
         self.rank = rank
         self.size = size
@@ -176,8 +190,7 @@ class Engine:
         self._default_spacing = not config.is_explicit("HOROVOD_CYCLE_TIME")
         # Decided alike on every rank (same size and settings), before any set is made: under peer negotiation
         # every member of a set runs its coordinator.
-        self._peer_mode = size > 1 and (mode == "peer" or (
-            mode == "auto" and size <= PEER_NEGOTIATION_MAX_RANKS and not config.autotune))
+        self._peer_mode = peer_negotiation(config, size)
         self._inbox: Dict[int, tuple] = {}      # peer negotiation: each peer's frame for the coming cycle
         self._inbox_since: Optional[float] = None
         self._frames: Dict[int, tuple] = {}     # ... and for the cycle that runs
@@ -604,16 +617,21 @@ class Engine:
             waiting = [fd for fd, peer in peers.items() if peer not in self._inbox]
             if self._presented and self.transport.timeout > 0:
                 # A live peer answers a frame within a poll interval, idle or not: one silent for the transport's
-                # timeout is hung or cut off (an idle star follower would never be asked).
+                # timeout is hung or cut off (an idle star follower would never be asked). What already arrived is
+                # read first: this process may have been the one paused.
                 left = self._own_clock + self.transport.timeout - time.monotonic()
                 if left <= 0:
-                    raise self.transport.silent(peers[waiting[0]])
-                timeout = _shorter(timeout, left)
+                    arrived = select.select(waiting, [], [], 0)[0]
+                    if not arrived:
+                        raise self.transport.silent(peers[waiting[0]])
+                timeout = _shorter(timeout, max(left, 0.0))
             for fd in self._select([self._wake_r] + waiting, timeout):
                 if fd is self._wake_r:
                     self._drain_wake()
                     continue
                 peer = peers[fd]
+                if peer in self._inbox:
+                    continue    # read by a caller that ran the loop meanwhile (the list was made before)
                 frame = self.transport.recv_obj(peer)
                 if not _is_peer_frame(frame):
                     raise HorovodInternalError(f"rank {self.rank} expected rank {peer}'s negotiation frame, got "
@@ -641,7 +659,8 @@ class Engine:
             return self._queued_since + self._batch_spacing() - now
         pending = any(state.entries for state in self._sets.values() if state.index >= 0)
         if self._inbox:
-            if pending or any(_is_urgent(frame) for frame in self._inbox.values()):
+            member_sets = {set_id for set_id, state in self._sets.items() if state.index >= 0}
+            if pending or any(_is_urgent(frame, member_sets) for frame in self._inbox.values()):
                 return 0.0
             return self._inbox_since + _POLL_SECONDS - now
         if pending:

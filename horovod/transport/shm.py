@@ -17,6 +17,7 @@ up after the transport's timeout. Before the segments are first mapped, barriers
 from __future__ import annotations
 
 import hashlib
+import logging
 import mmap
 import os
 import platform
@@ -29,6 +30,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from horovod.common.exceptions import HorovodInternalError
+
+log = logging.getLogger("horovod")
 
 SHM_DIR = "/dev/shm"
 _HEADER = 4096    # a page before the data: the barrier counters, and page-aligned data after it
@@ -87,16 +90,21 @@ class ShmSegments:
         self._wake: Optional[socket.socket] = None     # datagrams from peers that saw us asleep
         self._wake_timeout = 0.0
         self._wake_names = ["\0" + f"{prefix}-w{rank}" for rank in self.ranks]
-        try:
-            wake = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._wake_failed = False
+        if COUNTER_BARRIERS:
             try:
-                wake.bind(self._wake_names[index])
-            except OSError:
-                wake.close()
-                raise
-            self._wake = wake
-        except (OSError, AttributeError):
-            pass    # no abstract Unix sockets here: sleepers find out by looking, every few milliseconds
+                wake = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                try:
+                    wake.settimeout(None)       # not socket.setdefaulttimeout's: SO_RCVTIMEO bounds each receive
+                    wake.bind(self._wake_names[index])
+                except OSError:
+                    wake.close()
+                    raise
+                self._wake = wake
+            except (OSError, AttributeError) as exc:
+                # Sleepers then find out by looking, every few milliseconds: slower barriers, same results.
+                log.warning("shared-memory barriers on rank %d cannot be woken (%s); they poll instead",
+                            self.ranks[index], exc)
         self._epoch = 0
         self._half = 0            # which half the next chunk of a halved collective uses
         self._settled = True      # no peer can still be reading our segments
@@ -130,6 +138,7 @@ class ShmSegments:
         self._epoch += 1
         epoch = self._epoch
         flags = self._flags
+        _fence()    # our data before our count, whatever stores the copies used (non-temporal ones are unordered)
         flags[self.index][0] = epoch
         _fence()
         peers = [p for p in range(n) if p != self.index]
@@ -150,8 +159,14 @@ class ShmSegments:
             return
         try:
             self._wake.sendto(b"\x01", socket.MSG_DONTWAIT, self._wake_names[position])
-        except OSError:
-            pass    # its queue is full (it will wake), or it is gone (its connection says so)
+        except BlockingIOError:
+            pass    # its queue is full: it will wake
+        except OSError as exc:
+            # Gone (its connection says so), or out of reach (another network namespace): it wakes by looking.
+            if not self._wake_failed:
+                self._wake_failed = True
+                log.warning("rank %d cannot wake rank %d in a shared-memory barrier (%s); it polls instead",
+                            self.ranks[self.index], self.ranks[position], exc)
 
     def _sleep(self, epoch: int, peers: List[int]) -> None:
         """Wait until every peer entered barrier ``epoch``; a hang-up or the timeout raises HorovodInternalError.
@@ -188,7 +203,7 @@ class ShmSegments:
                     self.transport.check_open(self.ranks[p])    # raises on a hang-up
                 if deadline is not None and time.monotonic() > deadline:
                     raise self.transport.silent(self.ranks[waiting[0]])
-                look = min(2 * look, _LAST_LOOK)
+                look = min(2 * look, _LAST_LOOK if wake is not None else _FIRST_LOOK)
         finally:
             mine[0] = 0
 
