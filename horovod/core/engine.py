@@ -681,7 +681,8 @@ class Engine:
                 continue
             requests = state.drain()
             data: Dict[str, bytes] = {}
-            for request in requests:
+            # (Only where every peer is a member: the frame goes to every rank.)
+            for request in requests if len(state.ranks) == self.size else ():
                 if budget > 0 and inline_eligible(request):
                     entry = state.entries.get(request.name)
                     if entry is not None and entry.array is not None and entry.array.nbytes <= budget:
@@ -711,6 +712,8 @@ class Engine:
             else:
                 frame = self._frames[rank]
                 data = frame[2].get(state.id)
+                if data is not None and not (isinstance(data, tuple) and len(data) in (3, 4)):
+                    raise HorovodInternalError(f"malformed negotiation message {data!r:.200} from rank {rank}")
                 message, sent_at = (_EMPTY_MESSAGE if data is None else _decode_message(data[:3])), frame[1]
                 if data is not None and len(data) > 3 and data[3]:
                     state.hold_inline(position, _inline_data(data[3], rank))
@@ -868,40 +871,50 @@ class Engine:
     def _execute(self, state: SetState, batches: List[List[Response]]) -> None:
         executed: List[Response] = []
         for batch in batches:
-            response = fusion.merge(batch)
-            with state.lock:
-                entries = {name: state.entries[name] for name in response.names if name in state.entries}
-            if response.op == OpType.ERROR:
-                if state.inline:
-                    state.take_inline(response.names)
-                fatal = response.payload == (FATAL_ERROR,)
-                self._complete(state, entries, error=(HorovodInternalError if fatal else TensorMismatchError)(
-                    response.error))
-                continue
-            if response.op == OpType.JOIN:
-                self._joined = False
-                with state.lock:
-                    entries = {"join": state.entries["join"]} if "join" in state.entries else {}
-            tl = self.timeline
-            if tl is not None:
-                tl.start(response)
-            contributions = state.take_inline(response.names) if state.inline else None
-            if contributions is not None and response.op == OpType.ALLREDUCE:
-                if tl is not None:
-                    tl.activity(response, "NEGOTIATED_DATA_ALLREDUCE")
-                results = allreduce_contributions(response, entries, contributions, self._buffers)
-            else:
-                results = execute(response, entries, state.group, self._buffers,
-                                  (lambda activity: tl.activity(response, activity)) if tl is not None else None)
-            if tl is not None:
-                tl.end(response)
-            if response.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
-                results = {name: self._apply_set_change(response) for name in results}
-            self._complete(state, entries, results=results)
-            executed.extend(batch)
-            if self.autotuner is not None and response.op == OpType.ALLREDUCE:
-                self._cycle_bytes += sum(nbytes(response.dtype, shape) for shape in response.shapes)
+            if state.inline and batch[0].op == OpType.ALLREDUCE:
+                # Tensors whose data every member sent along are folded here; the rest of the batch runs as usual.
+                folded, contributions, batch = state.split_inline(batch)
+                if folded:
+                    self._run_batch(state, folded, executed, contributions)
+                if not batch:
+                    continue
+            self._run_batch(state, batch, executed)
         state.cache.record(executed)
+
+    def _run_batch(self, state: SetState, batch: List[Response], executed: List[Response],
+                   contributions: Optional[List[bytes]] = None) -> None:
+        response = fusion.merge(batch)
+        with state.lock:
+            entries = {name: state.entries[name] for name in response.names if name in state.entries}
+        if response.op == OpType.ERROR:
+            if state.inline:
+                state.drop_inline(response.names)
+            fatal = response.payload == (FATAL_ERROR,)
+            self._complete(state, entries, error=(HorovodInternalError if fatal else TensorMismatchError)(
+                response.error))
+            return
+        if response.op == OpType.JOIN:
+            self._joined = False
+            with state.lock:
+                entries = {"join": state.entries["join"]} if "join" in state.entries else {}
+        tl = self.timeline
+        if tl is not None:
+            tl.start(response)
+        if contributions is not None:
+            if tl is not None:
+                tl.activity(response, "NEGOTIATED_DATA_ALLREDUCE")
+            results = allreduce_contributions(response, entries, contributions, self._buffers)
+        else:
+            results = execute(response, entries, state.group, self._buffers,
+                              (lambda activity: tl.activity(response, activity)) if tl is not None else None)
+        if tl is not None:
+            tl.end(response)
+        if response.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+            results = {name: self._apply_set_change(response) for name in results}
+        self._complete(state, entries, results=results)
+        executed.extend(batch)
+        if self.autotuner is not None and response.op == OpType.ALLREDUCE:
+            self._cycle_bytes += sum(nbytes(response.dtype, shape) for shape in response.shapes)
 
     def _complete(self, state: SetState, entries: Dict[str, Entry], results=None, error=None) -> None:
         with state.lock:

@@ -5,11 +5,11 @@ requests waiting to be negotiated."""
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.algorithms.group import Group
 from horovod.algorithms.hierarchical import Hierarchy
-from horovod.common.types import Request
+from horovod.common.types import Request, Response
 from horovod.core.controller import Coordinator
 from horovod.core.ops import Entry
 from horovod.core.response_cache import ResponseCache
@@ -47,16 +47,32 @@ class SetState:
         for name, contribution in data.items():
             self.inline.setdefault(name, {})[position] = contribution
 
-    def take_inline(self, names: Sequence[str]) -> Optional[List[bytes]]:
-        """Forget the data held for ``names``; returns each member's contribution to all of them, concatenated in
-        order, when every member sent data for every name (the same answer on every member), else None."""
-        held = [self.inline.pop(name, None) for name in names]
+    def split_inline(self, batch: Sequence[Response]
+                     ) -> Tuple[List[Response], Optional[List[bytes]], List[Response]]:
+        """Split a batch of single-tensor allreduces into those every member sent data for, to fold, and the rest,
+        for the ordinary path; the held data of all of them is forgotten. Every member splits alike (the data came
+        with frames that every member received). Returns (folded, each member's contributions to all of them
+        concatenated in order, rest)."""
         size = len(self.ranks)
-        if any(h is None or len(h) != size for h in held):
-            return None
-        if len(held) == 1:
-            return [held[0][p] for p in range(size)]
-        return [b"".join(h[p] for h in held) for p in range(size)]
+        folded: List[Response] = []
+        rest: List[Response] = []
+        complete: List[Dict[int, bytes]] = []
+        for response in batch:
+            held = self.inline.pop(response.names[0], None)
+            if held is not None and len(held) == size:
+                folded.append(response)
+                complete.append(held)
+            else:
+                rest.append(response)
+        if not folded:
+            return folded, None, rest
+        if len(complete) == 1:
+            return folded, [complete[0][p] for p in range(size)], rest
+        return folded, [b"".join(h[p] for h in complete) for p in range(size)], rest
+
+    def drop_inline(self, names: Sequence[str]) -> None:
+        for name in names:
+            self.inline.pop(name, None)
 
     def drain(self) -> List[Request]:
         with self.lock:
