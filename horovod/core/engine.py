@@ -35,7 +35,7 @@ from horovod.core import fusion
 from horovod.core.controller import FATAL_ERROR, Message
 from horovod.core import handles
 from horovod.core.handles import Handle
-from horovod.core.ops import Buffers, Entry, allreduce_contributions, execute, inline_eligible
+from horovod.core.ops import INLINE_TENSOR_BYTES, Buffers, Entry, allreduce_contributions, execute, inline_eligible
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState, close_segments
 from horovod.transport import shm
@@ -682,12 +682,15 @@ class Engine:
             requests = state.drain()
             data: Dict[str, bytes] = {}
             # (Only where every peer is a member: the frame goes to every rank.)
+            entries = state.entries
             for request in requests if len(state.ranks) == self.size else ():
-                if budget > 0 and inline_eligible(request):
-                    entry = state.entries.get(request.name)
-                    if entry is not None and entry.array is not None and entry.array.nbytes <= budget:
-                        data[request.name] = entry.array.tobytes()
-                        budget -= entry.array.nbytes
+                entry = entries.get(request.name)
+                array = entry.array if entry is not None else None
+                # The size first: a training step's 200 gradients mostly fail it, and it costs an attribute read.
+                if array is not None and array.nbytes <= min(budget, INLINE_TENSOR_BYTES) \
+                        and inline_eligible(request):
+                    data[request.name] = array.tobytes()
+                    budget -= array.nbytes
             hits, full = split_hits(state.cache, state.last_requests, requests)
             shutdown = self._shutdown if set_id == 0 else False
             if shutdown or hits or full:

@@ -7,6 +7,7 @@ Fusion buffers and scratch space persist between calls and only grow, so a stead
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -55,10 +56,7 @@ class Buffers:
 
 
 def _count(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return math.prod(shape)
 
 
 def _flat(array: np.ndarray) -> np.ndarray:

@@ -54,7 +54,8 @@ class ResponseCache:
             name = response.names[0]
             entry = self._entries.get(name)
             if entry is not None:
-                self._entries[name] = (entry[0], response)
+                if entry[1] is not response:     # (a training loop's steady state records the same response)
+                    self._entries[name] = (entry[0], response)
                 self._entries.move_to_end(name)
                 continue
             if len(self._entries) >= self.capacity:
