@@ -126,8 +126,10 @@ def _interrupted_wait():
         drives = engine._drives
 
         def interrupt_once_asleep():
-            if _poll_until(lambda: engine._drives > drives and engine._driver_sleeping):
-                os.kill(os.getpid(), signal.SIGINT)
+            # Almost always the caller runs the loop and sleeps in its select; should the engine thread have kept
+            # the loop, the caller sleeps on the handle instead, and the interrupt must leave the job whole too.
+            _poll_until(lambda: engine._drives > drives and engine._driver_sleeping, 5)
+            os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=interrupt_once_asleep, daemon=True).start()
         try:

@@ -57,6 +57,9 @@ _ANNOUNCED_POLL_SECONDS = 0.01   # ... and this often while a follower's early m
 # A parked engine thread (see _select) looks at its peers at least this rarely, even under a tiny explicit
 # HOROVOD_CYCLE_TIME: each look is a wake-up, and parking happens exactly when callers run the loop themselves.
 _MIN_PARK_SECONDS = 0.001
+# A caller about to wait takes the loop if the engine thread lets go of it within this long (it does whenever it
+# sleeps in select): a busy engine thread is never made to wait, and the caller sleeps on its handle instead.
+_DRIVE_WAIT_SECONDS = 0.0005
 
 
 def _is_early_message(frame) -> bool:
@@ -442,10 +445,11 @@ class Engine:
 
         A blocking collective then costs no thread hand-off: the engine thread would wake up to negotiate and
         execute, and the caller would wake up again to take the result (20-40 us each on a virtual machine). The
-        loop is only taken when free, never waited for, so a busy engine thread keeps its pace.
+        loop is taken when free or freed within half a millisecond (the engine thread lets go of it whenever it
+        sleeps), so a busy engine thread keeps its pace.
         """
         if self._loop_ended or self._thread is None or threading.current_thread() is self._thread \
-                or not self._loop_lock.acquire(blocking=False):
+                or not self._loop_lock.acquire(timeout=_DRIVE_WAIT_SECONDS):
             return False
         with self._blocked_lock:
             self._blocked += 1
