@@ -65,7 +65,7 @@ def _small_and_large():
 @pytest.mark.ranks
 @pytest.mark.parametrize("size", [2, 3])
 def test_allreduces_that_travel_with_the_negotiation_match_numpy_and_agree_bitwise(size):
-    results = spawn_ranks(_small_and_large, size, timeout=120)
+    results = spawn_ranks(_small_and_large, size, timeout=120, env={"HOROVOD_NEGOTIATION": "peer"})
     assert all(out["peer"] for out in results)
     for out in results:
         folded = set(out["folded"])
@@ -107,6 +107,6 @@ def _joined_partner():
 
 @pytest.mark.ranks
 def test_a_joined_rank_sends_no_data_and_contributes_zeros():
-    results = spawn_ranks(_joined_partner, 2, timeout=60)
+    results = spawn_ranks(_joined_partner, 2, timeout=60, env={"HOROVOD_NEGOTIATION": "peer"})
     assert results[0][0] == [5.0, 1.0]
     assert results[0][1] == results[1][1] == 0

@@ -276,6 +276,18 @@ def test_negotiation_mode_follows_size_and_settings(env, size, peer):
         engine._wake_w.close()
 
 
+def test_auto_negotiation_keeps_the_star_where_a_host_is_oversubscribed():
+    import types
+    from horovod.common.config import load_config
+    from horovod.core.engine import oversubscribed, peer_negotiation
+    two_hosts = types.SimpleNamespace(hostnames=["a", "a", "b", "b"], cores=[2, 2, 8, 8])
+    crowded = types.SimpleNamespace(hostnames=["a", "a", "a", "b"], cores=[2, 2, 2, 8])
+    assert not oversubscribed(two_hosts) and oversubscribed(crowded)
+    assert peer_negotiation(load_config({}), 4, oversubscribed(two_hosts))
+    assert not peer_negotiation(load_config({}), 4, oversubscribed(crowded))
+    assert peer_negotiation(load_config({"HOROVOD_NEGOTIATION": "peer"}), 4, oversubscribed(crowded))
+
+
 def test_unknown_or_contradictory_negotiation_mode_is_a_clear_error():
     from horovod.common.config import load_config
     from horovod.common.exceptions import HorovodConfigError

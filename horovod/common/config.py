@@ -91,7 +91,7 @@ SETTINGS: Tuple[Setting, ...] = (
     S("HOROVOD_SHM_DISABLE", bool, False, "never use the shared-memory transport between ranks of one host"),
     S("HOROVOD_NEGOTIATION", str, "auto", "how ranks agree on which tensors are ready: peer (every rank sends its "
       "requests to every other rank and all decide alike: one network hop), star (through rank 0: two hops, "
-      "fewer messages in large jobs) or auto (peer up to 4 ranks, unless autotune runs)",
+      "fewer messages in large jobs) or auto (peer up to 4 ranks with a core each, unless autotune runs)",
       choices=("auto", "peer", "star")),
     S("HOROVOD_SHM_MIN_BYTES", int, 64 * 1024, "smallest collective that goes through shared memory; smaller ones "
       "use TCP, whose two small messages beat the shared-memory path's barriers", minimum=0),

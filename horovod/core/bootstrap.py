@@ -6,6 +6,7 @@ The address we publish is the one this host uses to reach the rendezvous server 
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Dict, Tuple
@@ -69,11 +70,11 @@ def connect(config, topo, scope: str) -> TcpTransport:
     deadline = time.monotonic() + config.start_timeout
     try:
         client.put(scope, str(rank), (f"{host}:{port} {topo.hostname} {_agreed_settings(config)} "
-                                      f"{transport.unix_name or '-'}").encode())
+                                      f"{transport.unix_name or '-'} {os.cpu_count() or 1}").encode())
         addresses: Dict[int, Tuple[str, int]] = {}
         unix_names: Dict[int, str] = {}
         for peer in range(rank):
-            addresses[peer], hostname, _, unix_name = _published(client, scope, peer, deadline)
+            addresses[peer], hostname, _, unix_name, _ = _published(client, scope, peer, deadline)
             if hostname == topo.hostname and unix_name != "-":
                 unix_names[peer] = unix_name
     except RendezvousError as exc:
@@ -86,8 +87,9 @@ def connect(config, topo, scope: str) -> TcpTransport:
     except RendezvousError as exc:
         transport.close()
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
-    transport.hostnames = [hostname for _, hostname, _, _ in published]
-    mismatch = _settings_mismatch([settings for _, _, settings, _ in published])
+    transport.hostnames = [hostname for _, hostname, _, _, _ in published]
+    transport.cores = [cores for _, _, _, _, cores in published]
+    mismatch = _settings_mismatch([settings for _, _, settings, _, _ in published])
     if mismatch:
         transport.close()
         raise HorovodInternalError(mismatch)
@@ -118,9 +120,10 @@ def _settings_mismatch(per_rank) -> str:
 
 
 def _published(client: RendezvousClient, scope: str, peer: int,
-               deadline: float) -> Tuple[Tuple[str, int], str, str, str]:
-    """A peer's record: its TCP address, host identity, agreed settings and Unix socket name ("-" for none)."""
+               deadline: float) -> Tuple[Tuple[str, int], str, str, str, int]:
+    """A peer's record: its TCP address, host identity, agreed settings, Unix socket name ("-" for none) and the
+    number of cores of its host."""
     text = client.get(scope, str(peer), timeout=max(0.1, deadline - time.monotonic())).decode()
-    address, hostname, settings, unix_name = (text.split(" ") + ["", "", "-"])[:4]
+    address, hostname, settings, unix_name, cores = (text.split(" ") + ["", "", "-", "1"])[:5]
     peer_host, _, peer_port = address.rpartition(":")
-    return (peer_host, int(peer_port)), hostname, settings, unix_name
+    return (peer_host, int(peer_port)), hostname, settings, unix_name, int(cores) if cores.isdigit() else 1

@@ -109,6 +109,7 @@ class TcpTransport:
         self._unix_listener: Optional[socket.socket] = None
         self.unix_name = ""                # where same-host peers dial us ("" when Unix sockets are unavailable)
         self.hostnames: List[str] = []     # host identity of every rank (which ranks can share memory)
+        self.cores: List[int] = []         # cores of every rank's host
         self.job_token = ""
 
     # -- setup ---------------------------------------------------------------------------------------------------
