@@ -27,7 +27,8 @@ def _small_and_large():
         folded.extend(response.names)
         return fold(response, *args)
     engine_module.allreduce_contributions = counted
-    engine_module.INLINE_FRAME_BYTES = 4096     # 4 tensors of 1 KiB a frame: a burst of 40 cannot fit
+    from horovod.core import peer_negotiation
+    peer_negotiation.INLINE_FRAME_BYTES = 4096     # 4 tensors of 1 KiB a frame: a burst of 40 cannot fit
     hvd.init()
     me = hvd.rank()
     engine = basics.engine()

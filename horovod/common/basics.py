@@ -89,7 +89,8 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
                 raise ValueError(f"{ps} names ranks outside 0..{size - 1}")
             seen.add(key)
 
-        from horovod.core.engine import Engine, peer_negotiation
+        from horovod.core.engine import Engine
+        from horovod.core.peer_negotiation import peer_negotiation
         from horovod import timeline as _timeline
         peer_negotiation(config, size)      # a contradictory setting fails before any connection is made
         _generation += 1

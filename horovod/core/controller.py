@@ -10,14 +10,18 @@ field and what each rank sent, failing the op on every rank while the job goes o
 from __future__ import annotations
 
 import dataclasses
+import logging
 import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response
 from horovod.core import fusion
 from horovod.core.response_cache import ResponseCache
 
 FATAL_ERROR = 1   # ERROR response payload: raise HorovodInternalError, as Horovod shuts down on a stall
+POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
+log = logging.getLogger("horovod")
 _IDENTICAL_OPS = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.BARRIER})
 _JOIN_UNSUPPORTED = (OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER)
 
@@ -38,6 +42,23 @@ class Message:
     shutdown: bool
     hits: Tuple[int, ...]
     requests: Tuple[Request, ...]
+
+
+def decode_message(data) -> Message:
+    """A message from its wire form (a tuple of primitives); HorovodInternalError when malformed."""
+    if not (isinstance(data, tuple) and len(data) == 3 and isinstance(data[0], bool)
+            and isinstance(data[1], (list, tuple)) and all(isinstance(b, int) for b in data[1])
+            and isinstance(data[2], (list, tuple))):
+        raise HorovodInternalError(f"malformed negotiation message {data!r:.200}")
+    return Message(data[0], tuple(data[1]), tuple(Request.from_wire(r) for r in data[2]))
+
+
+def report_stalls(reports: Sequence["StallReport"]) -> None:
+    """Log the stall inspector's reports, in Horovod's words."""
+    for report in reports:
+        log.warning("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+                    "ranks and are waiting for remainder of ranks for more than %.0f seconds. Stalled "
+                    "tensor %s, missing ranks: %s", report.waited, report.name, list(report.missing_ranks))
 
 
 class Coordinator:
