@@ -51,7 +51,7 @@ _IDLE, _PENDING, _NEW = 0, 1, 2   # how urgently a rank needs a cycle
 # time, and a few milliseconds let a burst of gradients fuse into one buffer. A caller waiting for a result never
 # waits for it.
 _BATCH_SPACING_SECONDS = 0.010
-_ANNOUNCEDPOLL_SECONDS = 0.01   # ... and this often while a follower's early message waits for a cycle
+_ANNOUNCED_POLL_SECONDS = 0.01   # star: rank 0 looks again this often while a follower's early message waits
 # While a caller blocks on a result, the loop polls its sockets for shm.spin_seconds(local ranks) before it sleeps in
 # select: a frame from a peer then costs no scheduler wake-up (20-40 us on a virtual machine), about a fifth of a
 # small allreduce. Only where every local rank has a core of its own, as for the shared-memory barriers.
@@ -448,7 +448,7 @@ class Engine(PeerNegotiation):
             if self._early_names:
                 # A follower that has sent its message stays silent until the cycle: requests it made since
                 # are only seen by polling, soon (rank 0's own new requests start a cycle at once, above).
-                timeout = self._last_start + max(self.cycle_time, _ANNOUNCEDPOLL_SECONDS) - time.monotonic()
+                timeout = self._last_start + max(self.cycle_time, _ANNOUNCED_POLL_SECONDS) - time.monotonic()
             elif self._work() != _IDLE or self._sets[0].coordinator.waiting():
                 timeout = self._last_start + max(self.cycle_time, POLL_SECONDS) - time.monotonic()
             if timeout is not None and timeout <= 0:
