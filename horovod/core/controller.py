@@ -21,6 +21,7 @@ from horovod.core.response_cache import ResponseCache
 
 FATAL_ERROR = 1   # ERROR response payload: raise HorovodInternalError, as Horovod shuts down on a stall
 POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
+IDLE, PENDING, NEW = 0, 1, 2   # how urgently a rank needs a cycle: nothing, answers awaited, requests to negotiate
 log = logging.getLogger("horovod")
 _IDENTICAL_OPS = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.BARRIER})
 _JOIN_UNSUPPORTED = (OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER)

@@ -33,25 +33,22 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OpType, Request, Response, nbytes
 from horovod.core import fusion
-from horovod.core.controller import FATAL_ERROR, POLL_SECONDS, Message, decode_message, report_stalls
+from horovod.core.controller import FATAL_ERROR, IDLE, NEW, PENDING, Message
 from horovod.core import handles
 from horovod.core.handles import Handle
 from horovod.core.ops import Buffers, Entry, allreduce_contributions, execute
 from horovod.core.peer_negotiation import PeerNegotiation, oversubscribed, peer_negotiation
-from horovod.core.response_cache import split_hits
+from horovod.core.star_negotiation import StarNegotiation
 from horovod.core.set_state import SetState, close_segments
 from horovod.transport import shm
 
 log = logging.getLogger("horovod")
 
-_GO = ("go",)
-_IDLE, _PENDING, _NEW = 0, 1, 2   # how urgently a rank needs a cycle
 # Cycles that nobody waits for (a backward pass submitting gradients one by one) are spaced by at least this much
 # unless HOROVOD_CYCLE_TIME is set: each cycle costs every rank a few wake-ups, a CPU-bound training step loses that
 # time, and a few milliseconds let a burst of gradients fuse into one buffer. A caller waiting for a result never
 # waits for it.
 _BATCH_SPACING_SECONDS = 0.010
-_ANNOUNCED_POLL_SECONDS = 0.01   # star: rank 0 looks again this often while a follower's early message waits
 # While a caller blocks on a result, the loop polls its sockets for shm.spin_seconds(local ranks) before it sleeps in
 # select: a frame from a peer then costs no scheduler wake-up (20-40 us on a virtual machine), about a fifth of a
 # small allreduce. Only where every local rank has a core of its own, as for the shared-memory barriers.
@@ -61,18 +58,6 @@ _MIN_PARK_SECONDS = 0.001
 # A caller about to wait takes the loop if the engine thread lets go of it within this long (it does whenever it
 # sleeps in select): a busy engine thread is never made to wait, and the caller sleeps on its handle instead.
 _DRIVE_WAIT_SECONDS = 0.0005
-
-
-def _is_early_message(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "msg"
-
-
-def _is_reply(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and isinstance(frame[1], list)
-
-
-def _is_want(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] == _NEW
 
 
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
@@ -90,12 +75,12 @@ class _LoopEnded(Exception):
     """The loop ended on another thread while the engine thread slept."""
 
 
-def _encode(response: Response, bit: Optional[int]):
-    return response.to_wire() if bit is None else bit
+class Engine(PeerNegotiation, StarNegotiation):
+    """Negotiates and executes collectives for one process (rank) of a job.
 
-
-class Engine(PeerNegotiation):
-    """Negotiates and executes collectives for one process (rank) of a job (the peer protocol: PeerNegotiation)."""
+    The two negotiation protocols are mixins in their own modules (peer_negotiation, star_negotiation); this class
+    holds the state they share, runs the loop (on its thread or a waiting caller's) and executes what they decide.
+    """
 
     def __init__(self, config, rank: int, size: int, transport, timeline=None):
         self.config = config
@@ -132,8 +117,8 @@ class Engine(PeerNegotiation):
         self._drives = 0                        # how many times a waiting thread took the loop
         self._parked = False                    # the engine thread sleeps deaf to peers (see _select)
         self._driver_sleeping = False           # the waiting thread running the loop sleeps in select
-        self._wanted = _IDLE                    # rank 0: the most urgent cycle request read from a follower
-        self._asked = _IDLE                     # a follower: what it asked rank 0 for since the last cycle
+        self._wanted = IDLE                    # rank 0: the most urgent cycle request read from a follower
+        self._asked = IDLE                     # a follower: what it asked rank 0 for since the last cycle
         self._last_start = float("-inf")        # rank 0: when the last cycle started
         self._peer_fds: Dict[int, int] = {}
         self._coordinator_fd: Optional[int] = None
@@ -287,7 +272,7 @@ class Engine(PeerNegotiation):
         # Latency-bound (callers wait for every result, and will run the loop themselves): park instead, deaf
         # to peers' frames, whose arrival would wake this thread for nothing and make their sender pay for the
         # wake-up. Parked, it looks at everything every batch spacing, or when a submission or a poll asks.
-        park = (self._waited or self._waited_before) and (self._blocked == 0 or self._work() == _IDLE)
+        park = (self._waited or self._waited_before) and (self._blocked == 0 or self._work() == IDLE)
         drives = self._drives
         self._loop_lock.release()
         try:
@@ -314,7 +299,7 @@ class Engine(PeerNegotiation):
     def _poll(self, fds: list, timeout: Optional[float]) -> list:
         """``select`` for reading; polls first for a moment while a caller waits (``self._spin``)."""
         if self._spin and (self._blocked > 0 or self._presented and (self._waited or self._waited_before)) \
-                and (timeout is None or timeout > 0) and self._work() != _IDLE:
+                and (timeout is None or timeout > 0) and self._work() != IDLE:
             now = time.monotonic()
             end = now + (self._spin if timeout is None else min(self._spin, timeout))
             while now < end:
@@ -335,16 +320,16 @@ class Engine(PeerNegotiation):
         self._notified = False
 
     def _work(self) -> int:
-        """_NEW when requests wait to be negotiated (or shutdown), _PENDING when only answers are awaited."""
+        """NEW when requests wait to be negotiated (or shutdown), PENDING when only answers are awaited."""
         if self._shutdown:
-            return _NEW
-        pending = _IDLE
+            return NEW
+        pending = IDLE
         for state in self._sets.values():
             if state.index >= 0:
                 if state.queue:
-                    return _NEW
+                    return NEW
                 if state.entries:
-                    pending = _PENDING
+                    pending = PENDING
         return pending
 
     def _run(self) -> None:
@@ -423,189 +408,8 @@ class Engine(PeerNegotiation):
             self._loop_lock.release()
         return handle.finished
 
-    def _drive_step(self) -> bool:
-        """Rank 0: wait until a cycle can make a tensor ready, then run it; True when the job shuts down.
-
-        A tensor becomes ready when its last rank submits it, so a cycle starts when a name that rank 0 itself just
-        submitted, or that a follower just announced (its early message), has now been submitted by every rank of
-        the global set; at once for anything rank 0 cannot look into (other process sets, shutdown, a join). While
-        ranks merely wait for each other nothing is exchanged: during a backward pass every gradient would
-        otherwise cost a cycle on every rank, which on a busy CPU is time taken from the computation. A slow poll
-        (at least ``HOROVOD_CYCLE_TIME``) still runs while anything is pending, for stall checks.
-        """
-        fds = self._peer_fds
-        while True:
-            if self._wanted == _NEW or self._cycle_is_useful():
-                # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles
-                # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a waiting caller starts one at once.
-                spacing = self._last_start + self._batch_spacing() - time.monotonic()
-                if self._blocked > 0 or self._waited or self._waited_before or spacing <= 0:
-                    break
-                self._select([self._wake_r], spacing)
-                self._drain_wake()
-                continue
-            timeout = None
-            if self._early_names:
-                # A follower that has sent its message stays silent until the cycle: requests it made since
-                # are only seen by polling, soon (rank 0's own new requests start a cycle at once, above).
-                timeout = self._last_start + max(self.cycle_time, _ANNOUNCED_POLL_SECONDS) - time.monotonic()
-            elif self._work() != _IDLE or self._sets[0].coordinator.waiting():
-                timeout = self._last_start + max(self.cycle_time, POLL_SECONDS) - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                break
-            readable = self._select([self._wake_r] + list(fds), timeout)
-            for fd in readable:
-                if fd is self._wake_r:
-                    self._drain_wake()
-                else:
-                    self._wanted = max(self._wanted, self._expect_want(fds[fd]))
-        self._drain_wake()
-        self._last_start = time.monotonic()
-        # Somebody waited for results since the previous cycle started: a blocking (latency-bound) caller,
-        # whose next request should not wait for the cycle time either.
-        self._waited_before, self._waited = self._waited, self._blocked > 0
-        for peer in range(1, self.size):
-            # A rank whose message for this cycle is already here learns that the cycle started from the
-            # global set's reply itself: one frame (and one wake-up on that rank) less per cycle.
-            if peer not in self._early:
-                self.transport.send_obj(peer, _GO)
-        self._wanted = _IDLE
-        self._early_names.clear()
-        self._early_urgent = False
-        return self._cycle()
-
     def _batch_spacing(self) -> float:
         return max(self.cycle_time, _BATCH_SPACING_SECONDS) if self._default_spacing else self.cycle_time
-
-    def _cycle_is_useful(self) -> bool:
-        """Rank 0: could a cycle started now make something ready (or must it run regardless)?"""
-        if self._shutdown or self._early_urgent:
-            return True
-        for set_id, state in self._sets.items():
-            if set_id != 0 and state.index >= 0 and state.queue:
-                return True
-        state = self._sets[0]
-        coordinator = state.coordinator
-        if self.size == 1:
-            return bool(state.queue)
-        queued = list(state.queue)
-        if queued and self._early_names:
-            return True     # our new requests may complete what a silent follower submitted after its message
-        if any(r.op == OpType.JOIN for r in queued):
-            return True
-        if not self._early_names and coordinator.quiet():
-            return False    # no other rank's submission is known: nothing can be ready (checked per wake-up)
-        candidates = [r.name for r in queued]
-        for names in self._early_names.values():
-            candidates.extend(names)
-        if not candidates:
-            return False
-        early, entries = self._early_names, state.entries
-        for name in candidates:
-            if name not in entries and not coordinator.has(name, 0):
-                continue
-            for index in range(1, self.size):
-                announced = early.get(index)
-                if not ((announced is not None and name in announced) or coordinator.has(name, index)):
-                    break
-            else:
-                return True
-        return False
-
-    def _follow_step(self) -> bool:
-        """Other ranks: announce new requests to rank 0 (or ask it for a cycle), run the cycle when told to.
-
-        Returns after one cycle: True when the job shuts down.
-        """
-        coordinator_fd = self._coordinator_fd
-        while True:
-            timeout = None
-            # After the early message nothing more may be sent until the cycle starts: rank 0 may already be
-            # executing, and a frame arriving then would land in the middle of the data phase.
-            if not self._presented and self._work() == _NEW:
-                if self._presentable():
-                    timeout = self._present(time.monotonic())
-                elif self._asked != _NEW:
-                    # Work rank 0 cannot see (another set, shutdown): a cycle now.
-                    self.transport.send_obj(0, ("want", _NEW))
-                    self._asked = _NEW
-            readable = self._select([self._wake_r, coordinator_fd], timeout)
-            if self._wake_r in readable:
-                self._drain_wake()
-            if coordinator_fd in readable:
-                frame = self.transport.recv_obj(0)
-                if frame != _GO:
-                    if not (self._presented and _is_reply(frame)):
-                        raise HorovodInternalError(f"rank {self.rank} expected a cycle start from rank 0, got "
-                                                   f"{frame!r:.100}")
-                    self._reply = frame      # the answer to the message we presented: the cycle has started
-                self._asked = _IDLE
-                self._waited_before, self._waited = self._waited, self._blocked > 0
-                return self._cycle()
-
-    def _presentable(self) -> bool:
-        """A follower: only global-set requests wait, which its early message can carry."""
-        return bool(self._sets[0].queue) and not self._shutdown and not any(
-            state.queue for set_id, state in self._sets.items() if set_id != 0)
-
-    def _present(self, now: float) -> Optional[float]:
-        """A follower: send the global set's message for the next cycle if it is due, else say in how long.
-
-        Sent right away instead of asking for a cycle and then sending it: one network hop less, and rank 0 sees
-        which names it completes. While nobody here waits for results, requests are gathered for the batch spacing
-        first, so that the message (and the cycle it completes) carries a burst of gradients rather than one.
-        """
-        if self._queued_since is None:
-            self._queued_since = now
-        timeout = self._queued_since + self._batch_spacing() - now
-        if self._blocked > 0 or self._waited or self._waited_before or timeout <= 0:
-            self.transport.send_obj(0, ("msg", self._message(self._sets[0], self._shutdown)))
-            self._presented = True
-            self._queued_since = None
-            return None
-        return timeout
-
-    def _recv_message(self, state: SetState, peer: int):
-        """The next negotiation message from ``peer``, skipping cycle requests that this cycle already answers."""
-        if state.id == 0 and peer in self._early:
-            return self._early.pop(peer)
-        while True:
-            frame = self.transport.recv_obj(peer)
-            if _is_early_message(frame):
-                return frame[1]
-            if not _is_want(frame):
-                return frame
-
-    def _expect_want(self, peer: int) -> int:
-        """Read what an idle rank sent: a cycle request, or its global-set message for the next cycle."""
-        frame = self.transport.recv_obj(peer)
-        if _is_early_message(frame):
-            if peer in self._early:
-                raise HorovodInternalError(f"rank {peer} sent two messages for one cycle")
-            self._early[peer] = frame[1]
-            self._announce(peer, frame[1])
-            return _IDLE
-        if not _is_want(frame):
-            raise HorovodInternalError(f"rank 0 expected a cycle request from rank {peer}, got {frame!r:.100}")
-        return frame[1]
-
-    def _announce(self, peer: int, message) -> None:
-        """Note the names a follower's early message carries, for :meth:`_cycle_is_useful`."""
-        try:
-            shutdown, hits, requests = message
-            cache = self._sets[0].cache
-            names = {cache.name(bit) for bit in hits}
-            names.update(r[0] for r in requests)
-            urgent = bool(shutdown) or any(r[1] == OpType.JOIN for r in requests)
-        except (TypeError, ValueError, KeyError, IndexError):
-            urgent, names = True, set()     # malformed: the cycle decodes it and reports the error
-        self._early_names[peer] = names
-        self._early_urgent = self._early_urgent or urgent
-
-    @staticmethod
-    def _message(state: SetState, shutdown: bool) -> tuple:
-        hits, full = split_hits(state.cache, state.last_requests, state.drain())
-        return (shutdown, hits, [r.to_wire() for r in full])
 
     def _apply_tuning(self, fusion_threshold: int, cycle_time_ms: float) -> None:
         """Autotune's choice; both knobs act on rank 0 only (it plans fusion and starts cycles)."""
@@ -641,41 +445,7 @@ class Engine(PeerNegotiation):
         return False
 
     def _negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[List[Response]]]:
-        if self._peer_mode:
-            return self._decide(state)
-        transport = self.transport
-        if state.coordinator is not None:
-            hits, full = split_hits(state.cache, state.last_requests, state.drain())
-            messages = [Message(shutdown, tuple(hits), tuple(full))]
-            for peer in state.ranks[1:]:
-                messages.append(decode_message(self._recv_message(state, peer)))
-            now = time.monotonic()
-            batches, stop, reports = state.coordinator.step(messages, now)
-            report_stalls(reports)
-            if self.timeline is not None:
-                self.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
-            cached_bit = state.cache.cached_bit
-            encoded = [[_encode(r, cached_bit(r)) for r in batch] for batch in batches]
-            for peer in state.ranks[1:]:
-                transport.send_obj(peer, (stop, encoded))
-            return stop, batches
-        coordinator = state.ranks[0]
-        reply = None
-        if state.id == 0 and self._presented:
-            self._presented = False          # this cycle answers the message we sent while idle
-            reply, self._reply = self._reply, None
-        else:
-            transport.send_obj(coordinator, self._message(state, shutdown))
-        if reply is None:
-            reply = transport.recv_obj(coordinator)
-        if not _is_reply(reply):
-            raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
-        try:
-            batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
-                       for batch in reply[1]]
-        except (KeyError, ValueError, TypeError) as exc:
-            raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
-        return bool(reply[0]), batches
+        return self._decide(state) if self._peer_mode else self._negotiate_star(state, shutdown)
 
     def _execute(self, state: SetState, batches: List[List[Response]]) -> None:
         executed: List[Response] = []

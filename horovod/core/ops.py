@@ -98,13 +98,7 @@ def _allreduce(response: Response, entries: Dict[str, Entry], group: Group, buff
     work_dtype = np.dtype(np.float32) if widen else carrier
     counts = [_count(s) for s in response.shapes]
     total = sum(counts)
-    outputs: Dict[str, np.ndarray] = {}
-    for name, shape in zip(response.names, response.shapes):
-        entry = entries.get(name)
-        if entry is None:     # joined: our contribution is zeros and nobody reads our result
-            continue
-        out = entry.output if entry.output is not None else np.empty(shape, dtype=carrier)
-        outputs[name] = out
+    outputs = _outputs(response, entries, carrier)
 
     single = len(response.names) == 1 and not widen and response.names[0] in outputs
     if single:
@@ -159,17 +153,34 @@ def _allreduce(response: Response, entries: Dict[str, Entry], group: Group, buff
     if not single:
         if activity:
             activity("MEMCPY_OUT_FUSION_BUFFER")
-        offset = 0
-        for name, count in zip(response.names, counts):
-            out = outputs.get(name)
-            if out is not None:
-                part = buf[offset:offset + count]
-                if widen:
-                    reduction.from_float32(part, dtype, _flat(out))
-                else:
-                    (out if out.ndim == 1 else out.reshape(-1))[...] = part
-            offset += count
+        _unpack(response, counts, outputs, buf, widen)
     return outputs
+
+
+def _outputs(response: Response, entries: Dict[str, Entry], carrier: np.dtype) -> Dict[str, np.ndarray]:
+    """Where each local tensor's result goes: its preallocated output, or a new array."""
+    outputs: Dict[str, np.ndarray] = {}
+    for name, shape in zip(response.names, response.shapes):
+        entry = entries.get(name)
+        if entry is None:     # joined: our contribution is zeros and nobody reads our result
+            continue
+        outputs[name] = entry.output if entry.output is not None else np.empty(shape, dtype=carrier)
+    return outputs
+
+
+def _unpack(response: Response, counts: List[int], outputs: Dict[str, np.ndarray], buf: np.ndarray,
+            widen: bool) -> None:
+    """Copy each tensor's part of the fused ``buf`` to its output, narrowing 2-byte floats."""
+    offset = 0
+    for name, count in zip(response.names, counts):
+        out = outputs.get(name)
+        if out is not None:
+            part = buf[offset:offset + count]
+            if widen:
+                reduction.from_float32(part, response.dtype, _flat(out))
+            else:
+                (out if out.ndim == 1 else out.reshape(-1))[...] = part
+        offset += count
 
 
 def inline_eligible(request: Request) -> bool:
@@ -204,15 +215,8 @@ def allreduce_contributions(response: Response, entries: Dict[str, Entry], contr
     post = response.postscale / len(contributions) if response.reduce_op == ReduceOp.AVERAGE \
         else response.postscale
     reduction.scale(acc, post)
-    outputs: Dict[str, np.ndarray] = {}
-    offset = 0
-    for name, shape, count in zip(response.names, response.shapes, counts):
-        entry = entries.get(name)
-        if entry is not None:
-            out = entry.output if entry.output is not None else np.empty(shape, dtype=carrier)
-            (out if out.ndim == 1 else out.reshape(-1))[...] = acc[offset:offset + count]
-            outputs[name] = out
-        offset += count
+    outputs = _outputs(response, entries, carrier)
+    _unpack(response, counts, outputs, acc, widen=False)
     return outputs
 
 

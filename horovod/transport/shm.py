@@ -105,6 +105,7 @@ class ShmSegments:
                 # Sleepers then find out by looking, every few milliseconds: slower barriers, same results.
                 log.warning("shared-memory barriers on rank %d cannot be woken (%s); they poll instead",
                             self.ranks[index], exc)
+        self._peers = [p for p in range(len(self.ranks)) if p != index]
         self._epoch = 0
         self._half = 0            # which half the next chunk of a halved collective uses
         self._settled = True      # no peer can still be reading our segments
@@ -123,7 +124,7 @@ class ShmSegments:
         if n == 1:
             return
         if self._flags and COUNTER_BARRIERS:
-            self._counted_barrier(n)
+            self._counted_barrier()
             return
         distance = 1
         while distance < n:
@@ -134,14 +135,14 @@ class ShmSegments:
             pending.wait()
             distance *= 2
 
-    def _counted_barrier(self, n: int) -> None:
+    def _counted_barrier(self) -> None:
         self._epoch += 1
         epoch = self._epoch
         flags = self._flags
         _fence()    # our data before our count, whatever stores the copies used (non-temporal ones are unordered)
         flags[self.index][0] = epoch
         _fence()
-        peers = [p for p in range(n) if p != self.index]
+        peers = self._peers
         for p in peers:
             if self._asleep[p][0] == epoch:
                 self._wake_up(p)
@@ -175,7 +176,7 @@ class ShmSegments:
         found nobody new, the waiting peers' connections are checked for a hang-up.
         """
         flags, mine, wake = self._flags, self._asleep[self.index], self._wake
-        timeout = getattr(self.transport, "timeout", 0.0)
+        timeout = self.transport.timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         look = _FIRST_LOOK
         try:
