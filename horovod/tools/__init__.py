@@ -1,0 +1,1 @@
+"""Tools users run as modules: ``python -m horovod.tools.house`` (the shape of the package)."""
