@@ -39,7 +39,7 @@ def test_explicit_settings_stay_fixed():
 def _tuned_job():
     import numpy as np
     import horovod.numpy as hvd
-    from horovod.common import basics
+    from horovod.runtime import basics
     hvd.init()
     xs = [np.arange(500 * (i + 1), dtype=np.float32) for i in range(10)]
     for _ in range(150):

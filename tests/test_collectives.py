@@ -61,7 +61,7 @@ def _dynamic_sets():
         first = hvd.add_process_set([0])
         rest = hvd.add_process_set(list(range(1, n)))
         ids = hvd.common.basics._get_process_set_ids_and_ranks() if hasattr(hvd, "common") else None
-        from horovod.common import basics
+        from horovod.runtime import basics
         ids = basics._get_process_set_ids_and_ranks()
         got = None
         if rest.included():

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from horovod.common.exceptions import HorovodConfigError
-from horovod.common.launch_env import detect, placement
+from horovod.runtime.launch_env import detect, placement
 from horovod.runner.hosts import HostInfo
 from horovod.runner.launch import _LAUNCHER_VARS, RendezvousInfo
 from horovod.runner.mpi_run import mpi_env, mpirun_command

@@ -18,7 +18,7 @@ def _inputs(rank, count, seed):
 def _small_and_large():
     import numpy as np
     import horovod.numpy as hvd
-    from horovod.common import basics
+    from horovod.runtime import basics
     from horovod.core import engine as engine_module
     folded = []
     fold = engine_module.allreduce_contributions

@@ -30,7 +30,7 @@ def _latency_bound_then_more():
     import threading
     import numpy as np
     import horovod.numpy as hvd
-    from horovod.common import basics
+    from horovod.runtime import basics
     subset = hvd.ProcessSet([1, 2])
     hvd.init(process_sets=[subset])
     me, n = hvd.rank(), hvd.size()
@@ -115,7 +115,7 @@ def _interrupted_wait():
     import threading
     import numpy as np
     import horovod.numpy as hvd
-    from horovod.common import basics
+    from horovod.runtime import basics
     signal.signal(signal.SIGINT, signal.default_int_handler)
     hvd.init()
     engine = basics.engine()

@@ -6,6 +6,7 @@ Requests and responses cross the network as tuples of primitives (see :mod:`horo
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import NamedTuple, Optional, Tuple
 
@@ -144,3 +145,22 @@ def nbytes(dtype: str, shape: Tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """A worker's place in the job (rank, host, rendezvous), as its launcher or the rendezvous decided it."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostname: str
+    rendezvous_addr: Optional[str] = None
+    rendezvous_port: int = -1
+    secret: Optional[bytes] = None
+    scope: str = "job"
+    # The mesh generation, where the launcher decides it (an elastic round); None: a process-local counter.
+    generation: Optional[int] = None

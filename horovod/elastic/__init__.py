@@ -12,7 +12,7 @@ The framework bindings add their states (``horovod.torch.elastic.TorchState``) o
 """
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.elastic.protocol import HostUpdateResult
+from horovod.common.elastic_records import HostUpdateResult
 from horovod.elastic.run import reset_horovod, run, run_fn
 from horovod.elastic.sampler import ElasticIndexSampler
 from horovod.elastic.state import ObjectState, State

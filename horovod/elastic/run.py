@@ -6,6 +6,7 @@ import functools
 from typing import Callable
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.runtime import basics
 
 
 def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
@@ -41,7 +42,6 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
 def reset_horovod() -> None:
     """Shut Horovod down and initialise it again; retried while a round breaks before it starts (a peer of the new
     round died while connecting), since the driver then answers with a newer round."""
-    from horovod.common import basics
     while True:
         basics.shutdown()
         try:

@@ -12,6 +12,8 @@ import math
 import random
 from typing import Dict, List, Optional
 
+from horovod.runtime import basics
+
 
 class ElasticIndexSampler:
     """Indices of a dataset of ``length`` samples for this rank, resumable mid-epoch on another world size.
@@ -57,7 +59,6 @@ class ElasticIndexSampler:
 
     def reset(self) -> None:
         """Recompute this rank's share from the current membership and what is already processed."""
-        from horovod.common import basics
         rank, replicas = self._fixed
         self.rank = basics.rank() if rank is None else rank
         self.num_replicas = basics.size() if replicas is None else replicas

@@ -16,7 +16,8 @@ import queue
 from typing import Any, Callable, Dict, Iterable, List
 
 from horovod.common.exceptions import HostsUpdatedInterrupt
-from horovod.elastic.protocol import HostUpdateResult
+from horovod.common.elastic_records import HostUpdateResult
+from horovod.runtime.elastic_worker import poll_host_update
 
 
 class State:
@@ -66,7 +67,6 @@ class State:
         same commit.
         """
         if self._rank() == 0:
-            from horovod.elastic.worker import poll_host_update
             update = poll_host_update()
             if update is not None and update[0] > self._last_updated_timestamp:
                 self.on_hosts_updated(*update)

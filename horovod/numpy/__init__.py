@@ -10,17 +10,17 @@ from typing import Optional
 
 import numpy as np
 
-from horovod.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+from horovod.runtime.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                                    gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
                                    shutdown, size, start_timeline, stop_timeline)
-from horovod.common.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
+from horovod.runtime.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
                                         allgather_object, allreduce, allreduce_async, alltoall, alltoall_async,
                                         barrier, broadcast, broadcast_async, broadcast_object,
                                         grouped_allgather_async, grouped_allreduce_async,
                                         grouped_reducescatter_async, join, reducescatter, reducescatter_async)
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from horovod.core.handles import Handle
 
 

@@ -6,12 +6,12 @@ also registers their gradients); this package adds ``DistributedGradientTape``, 
 Importing it starts nothing; ``hvd.init()`` does.
 """
 
-from horovod.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+from horovod.runtime.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                                    gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
                                    shutdown, size, start_timeline, stop_timeline)
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from horovod.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape

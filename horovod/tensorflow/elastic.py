@@ -14,7 +14,7 @@ from typing import Any, List
 import numpy as np
 import tensorflow as tf
 
-from horovod.common import basics
+from horovod.runtime import basics
 from horovod.elastic import ObjectState, reset_horovod, run_fn
 from horovod.tensorflow._tensors import take_graph_error
 from horovod.tensorflow.functions import broadcast_object, broadcast_variables

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
 
-from horovod.common import collectives as _c
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow.mpi_ops import broadcast_
 
 

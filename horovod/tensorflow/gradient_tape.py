@@ -12,8 +12,8 @@ from typing import Dict
 
 import tensorflow as tf
 
-from horovod.common import collectives as _c
-from horovod.common.process_sets import global_process_set
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments, local_layer_list
 from horovod.tensorflow.mpi_ops import size_op
@@ -59,7 +59,7 @@ class _DistributedGradientTape:
 
 
 def _elastic() -> bool:
-    from horovod.common import basics
+    from horovod.runtime import basics
     return bool(basics.context().config.elastic)
 
 

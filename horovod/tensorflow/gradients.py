@@ -14,9 +14,9 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
-from horovod.common import basics
-from horovod.common import collectives as _c
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import basics
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow import mpi_ops as _ops
 from horovod.tensorflow._tensors import run_numpy, to_core
 from horovod.tensorflow.compression import Compression

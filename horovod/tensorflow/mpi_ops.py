@@ -1,7 +1,7 @@
 """Horovod's collectives on TensorFlow tensors, eagerly and inside ``tf.function``, with their gradients.
 
 Each op converts its tensors to numpy (:func:`horovod.tensorflow._tensors.run_numpy`), calls the one implementation
-in :mod:`horovod.common.collectives`, and converts back. Gradients are registered with ``tf.custom_gradient`` as
+in :mod:`horovod.runtime.collectives`, and converts back. Gradients are registered with ``tf.custom_gradient`` as
 Horovod defines them: allreduce → allreduce of the gradient with the same op and scales; allgather → averaged
 allreduce, then this rank's rows; broadcast → averaged allreduce, zero off the root; alltoall → alltoall back with the
 received splits; reducescatter → allgather (scaled like the forward op).
@@ -20,9 +20,9 @@ from typing import List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from horovod.common import basics
-from horovod.common import collectives as _c
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import basics
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow._tensors import check_dtype, run_numpy, to_core
 from horovod.tensorflow.compression import Compression
 

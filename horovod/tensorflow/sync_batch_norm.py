@@ -10,8 +10,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from horovod.common import collectives as _c
-from horovod.common.process_sets import global_process_set
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.mpi_ops import _allreduce
 
 

@@ -6,13 +6,13 @@ parameter/optimizer-state broadcast (:mod:`.functions`) and ``SyncBatchNorm``. I
 ``hvd.init()`` does.
 """
 
-from horovod.common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+from horovod.runtime.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                                    gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
                                    shutdown, size, start_timeline, stop_timeline)
-from horovod.common.collectives import Adasum, Average, Max, Min, Product, Sum
+from horovod.runtime.collectives import Adasum, Average, Max, Min, Product, Sum
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from horovod.torch.autograd import (allgather, allreduce, alltoall, broadcast, grouped_allreduce,
                                     grouped_reducescatter, reducescatter)
 from horovod.torch.compression import Compression

@@ -13,9 +13,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from horovod.common import basics
-from horovod.common import collectives as _c
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import basics
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 from horovod.torch.compression import Compression
 

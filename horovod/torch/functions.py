@@ -6,8 +6,8 @@ from typing import Any, List, Optional
 
 import torch
 
-from horovod.common import collectives as _c
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 
 

@@ -1,7 +1,7 @@
 """Asynchronous collectives on torch tensors, and Horovod's integer handles (``poll``, ``synchronize``).
 
 Every function here converts tensors to numpy (see :mod:`horovod.torch._tensors`), calls the one implementation in
-:mod:`horovod.common.collectives`, and registers the core's handle under an integer id, as Horovod's torch API does.
+:mod:`horovod.runtime.collectives`, and registers the core's handle under an integer id, as Horovod's torch API does.
 ``synchronize(handle)`` returns the output tensor. In-place variants (trailing ``_``) write into their input.
 The differentiable synchronous ops live in :mod:`horovod.torch.autograd`.
 """
@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from horovod.common import collectives as _c
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch._tensors import as_input, as_output, check_tensor, to_tensor
 
 _handle_map: Dict[int, Tuple[Any, Callable[[Any], Any]]] = {}

@@ -13,8 +13,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from horovod.common import collectives as _c
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 from horovod.torch.compression import Compression
 

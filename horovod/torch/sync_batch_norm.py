@@ -13,8 +13,8 @@ from typing import Tuple
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from horovod.common import collectives as _c
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 from horovod.torch._tensors import check_tensor
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from horovod.elastic import protocol
-from horovod.elastic.protocol import Assignment, HostUpdateResult
+from horovod.common import elastic_records as protocol
+from horovod.common.elastic_records import Assignment, HostUpdateResult
 from horovod.runner.elastic.discovery import FixedHosts, HostDiscoveryError, parse_discovery_output
 from horovod.runner.elastic.driver import (Blacklist, DriverView, ElasticSettings, Kill, Publish, Spawn, Stop, Wait,
                                            WorkerView, cooldown_delay, decide, host_update, plan_assignment,

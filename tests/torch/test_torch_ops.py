@@ -347,7 +347,7 @@ def _run_all(only=None):
 
 
 def _registered_sets(hvd):
-    from horovod.common import basics
+    from horovod.runtime import basics
     ids = basics._get_process_set_ids_and_ranks()
     last, everyone = hvd.ProcessSet([WORLD - 1]), hvd.ProcessSet(list(range(WORLD)))
     last.process_set_id, everyone.process_set_id = 1, 2

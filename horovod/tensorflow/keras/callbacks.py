@@ -14,9 +14,9 @@ from typing import Callable, Optional, Union
 import keras
 import numpy as np
 
-from horovod.common import basics
-from horovod.common import collectives as _c
-from horovod.common.process_sets import global_process_set
+from horovod.runtime import basics
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.functions import broadcast_variables
 
 

@@ -15,8 +15,8 @@ from typing import Dict
 import keras
 import tensorflow as tf
 
-from horovod.common import collectives as _c
-from horovod.common.process_sets import global_process_set
+from horovod.runtime import collectives as _c
+from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments, local_layer_list
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, Optional, Type
 
 import torch
 
-from horovod.common import basics
+from horovod.runtime import basics
 from horovod.elastic.state import ObjectState
 from horovod.torch.elastic.sampler import ElasticSampler
 from horovod.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters

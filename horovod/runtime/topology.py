@@ -7,27 +7,14 @@ a worker started by hand with none of them is a single process.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 from horovod.common.rendezvous_client import secret_from_hex
+from horovod.common.types import Topology
+from horovod.runtime.elastic_worker import resolve_elastic as _ask_driver
+from horovod.runtime.launch_env import resolve_external
 
-
-@dataclasses.dataclass(frozen=True)
-class Topology:
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    hostname: str
-    rendezvous_addr: Optional[str] = None
-    rendezvous_port: int = -1
-    secret: Optional[bytes] = None
-    scope: str = "job"
-    # The mesh generation, where the launcher decides it (an elastic round); None: a process-local counter.
-    generation: Optional[int] = None
+__all__ = ["Topology", "resolve", "resolve_elastic"]
 
 
 def resolve(config) -> Topology:
@@ -49,12 +36,10 @@ def resolve(config) -> Topology:
 
 
 def resolve_elastic(config) -> Topology:
-    """An elastic worker's topology: its place in the driver's next round (see :mod:`horovod.elastic.worker`)."""
-    from horovod.elastic.worker import resolve_elastic as _ask_driver
+    """An elastic worker's topology: its place in the driver's next round (see :mod:`horovod.runtime.elastic_worker`)."""
     return _ask_driver(config)
 
 
 def _started_by_others(config) -> Optional[Topology]:
     """mpirun/srun workers: rank from their variables, peers met through a rendezvous (:mod:`launch_env`)."""
-    from horovod.common.launch_env import resolve_external
     return resolve_external(config)

@@ -24,6 +24,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from horovod.common import config as _config
 from horovod.common.exceptions import HorovodConfigError, HorovodInternalError, RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
+from horovod.common.rendezvous_server import RendezvousServer
+from horovod.common.types import Topology
 
 # Slurm's batch step (the sbatch script itself) and its other pseudo-steps have ids at the top of the 32-bit range;
 # only a task step (srun) starts the job's workers.
@@ -115,7 +117,6 @@ _served: Dict[Tuple[str, int], object] = {}  # rank 0's rendezvous servers, kept
 def _serve(addr: str, port: int, secret: bytes) -> None:
     if (addr, port) in _served:
         return
-    from horovod.common.rendezvous_server import RendezvousServer  # rank 0 hosts the store
     try:
         bind = socket.gethostbyname(addr)
     except OSError as exc:
@@ -159,7 +160,7 @@ def _exchange_nodes(client: RendezvousClient, scope: str, slot: ExternalSlot, no
 
 
 def resolve_external(cfg, environ: Optional[Mapping[str, str]] = None):
-    """The :class:`~horovod.common.topology.Topology` of a worker started by ``mpirun``/``srun``, else None.
+    """The :class:`~horovod.runtime.topology.Topology` of a worker started by ``mpirun``/``srun``, else None.
 
     None also when ``horovodrun`` (or ``horovod.run``/``spawn_ranks``) set ``HOROVOD_RANK``, or for elastic
     workers: their launcher decided.
@@ -168,7 +169,6 @@ def resolve_external(cfg, environ: Optional[Mapping[str, str]] = None):
         HorovodConfigError: no rendezvous address is configured, or rank 0 cannot serve it.
         HorovodInternalError: the ranks did not meet within the start timeout.
     """
-    from horovod.common.topology import Topology
     env = _config.environ_snapshot() if environ is None else environ
     if "HOROVOD_RANK" in env or cfg.elastic:
         return None  # a Horovod launcher (or the elastic driver) placed this worker

@@ -1,7 +1,7 @@
 """The worker's side of an elastic job: ask the driver for this worker's place in the next round.
 
 ``hvd.init()`` in a worker started by the elastic driver (``HOROVOD_ELASTIC=1``) calls :func:`resolve_elastic`
-through :func:`horovod.common.topology.resolve`. The worker says it is ready (naming the last round it took part
+through :func:`horovod.runtime.topology.resolve`. The worker says it is ready (naming the last round it took part
 in) and waits for the driver's answer. The driver answers once every live worker is waiting, so each round starts
 from a barrier: no worker of the new round meets a peer still training in the old one.
 
@@ -17,7 +17,8 @@ from typing import Optional
 
 from horovod.common.exceptions import RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
-from horovod.elastic import protocol
+from horovod.common.types import Topology
+from horovod.common import elastic_records as protocol
 
 _lock = threading.Lock()
 _round = 0          # the last round this process took part in
@@ -44,14 +45,13 @@ def _make_client(config) -> RendezvousClient:
 
 
 def resolve_elastic(config):
-    """This worker's :class:`~horovod.common.topology.Topology` in the driver's next round.
+    """This worker's :class:`~horovod.runtime.topology.Topology` in the driver's next round.
 
     Raises:
         SystemExit: (status 0) the driver removed this worker's host, or the job has ended.
         RendezvousError: the driver did not answer within the elastic and start timeouts, or is gone.
     """
     global _round, _version, _client
-    from horovod.common.topology import Topology
     key = protocol.slot_key(config.hostname, config.local_rank)
     with _lock:
         client = _client = _client or _make_client(config)

@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import cloudpickle
 import numpy as np
 
-from horovod.common import basics
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.runtime import basics
+from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.common.types import OpType, ReduceOp, Request, dtype_name
 from horovod.core.handles import Handle
 

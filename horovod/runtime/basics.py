@@ -1,0 +1,228 @@
+"""The per-process Horovod context: ``init``, ``shutdown``, topology queries and capability queries.
+
+One explicit context object per process, created by :func:`init` and dropped by :func:`shutdown`;
+``shutdown()`` then ``init()`` again builds a fresh one (elastic training relies on it).
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import List, Optional, Sequence
+
+from horovod import timeline as _timeline
+from horovod.common import config as _config
+from horovod.core.bootstrap import connect
+from horovod.core.engine import Engine
+from horovod.core.peer_negotiation import peer_negotiation
+from horovod.runtime import context as _ctx
+from horovod.runtime.process_sets import (ProcessSet, global_process_set, _add_process_set_impl,  # noqa: F401
+                                          _get_process_set_ids_and_ranks, _process_set_rank, _process_set_size,
+                                          _remove_process_set_impl)
+from horovod.runtime.topology import resolve
+
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
+           "cross_rank", "is_homogeneous", "engine", "context", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+           "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+           "start_timeline", "stop_timeline", "NOT_INITIALIZED"]
+
+NOT_INITIALIZED = _ctx.NOT_INITIALIZED
+_generation = 0
+_atexit_registered = False
+
+
+def _require() -> _ctx.Context:
+    return _ctx.current()
+
+
+def context() -> _ctx.Context:
+    """The live context; ValueError before ``init``."""
+    return _ctx.current()
+
+
+def _static_sets(process_sets, size: int) -> List[ProcessSet]:
+    static_sets: List[ProcessSet] = list(process_sets or [])
+    seen = set()
+    for ps in static_sets:
+        key = tuple(ps.ranks)
+        if key in seen:
+            raise ValueError(f"{ps} is a duplicate of another process set in init(process_sets=...)")
+        if any(r < 0 or r >= size for r in ps.ranks):
+            raise ValueError(f"{ps} names ranks outside 0..{size - 1}")
+        seen.add(key)
+    return static_sets
+
+
+def _start_engine(config, topo, static_sets: List[ProcessSet]) -> _ctx.Context:
+    global _generation
+    rank, size = topo.rank, topo.size
+    peer_negotiation(config, size)      # a contradictory setting fails before any connection is made
+    _generation += 1
+    transport = None
+    if size > 1:
+        generation = _generation if topo.generation is None else topo.generation
+        transport = connect(config, topo, f"{topo.scope}.mesh.{generation}")
+    timeline = _timeline.from_config(config, rank)
+    engine = Engine(config, rank, size, transport, timeline)
+    engine.add_static_set(0, range(size))
+    global_process_set.ranks = list(range(size))
+    global_process_set.process_set_id = 0
+    for index, ps in enumerate(static_sets, start=1):
+        engine.add_static_set(index, ps.ranks)
+        ps.process_set_id = index
+    engine.start()
+    return _ctx.Context(config, topo, engine, bool(config.dynamic_process_sets), timeline)
+
+
+def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
+    """Start Horovod in this process: connect to the other ranks and start the background engine.
+
+    Args:
+        comm: None for all ranks (a list of ranks or an MPI communicator needs MPI, which this build lacks,
+            unless it names every rank).
+        process_sets: None, a list of :class:`ProcessSet` to register statically (ids 1, 2, ...), or
+            ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` at run time.
+    Raises:
+        ValueError: duplicate process sets or an unsupported ``comm``.
+        HorovodInternalError: the peers could not be reached within the start timeout.
+    """
+    global _atexit_registered
+    with _ctx.lock:
+        if _ctx.get() is not None:
+            return
+        if process_sets == "dynamic":
+            _config.environ_set("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+            process_sets = None
+        config = _config.load_config()
+        topo = resolve(config)
+        size = topo.size
+        if comm is not None and sorted(comm if isinstance(comm, (list, tuple, range)) else [-1]) != list(range(size)):
+            raise ValueError("init(comm=...) with a subset of ranks or an MPI communicator needs MPI support, "
+                             "which this build does not have; use process sets instead")
+        _ctx.install(_start_engine(config, topo, _static_sets(process_sets, size)))
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Stop the engine (every rank stops at the same cycle) and drop the context; a no-op when not initialized."""
+    ctx = _ctx.clear()
+    if ctx is None:
+        return
+    ctx.engine.shutdown()
+    if ctx.timeline is not None:
+        ctx.timeline.close()
+
+
+def is_initialized() -> bool:
+    """Whether ``init`` has run in this process (and ``shutdown`` has not)."""
+    return _ctx.get() is not None
+
+
+def size() -> int:
+    """The number of ranks in the job."""
+    return _require().size
+
+
+def rank() -> int:
+    """This process's rank in the job, 0..size()-1."""
+    return _require().rank
+
+
+def local_size() -> int:
+    """The number of ranks on this host."""
+    return _require().topo.local_size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its host."""
+    return _require().topo.local_rank
+
+
+def cross_size() -> int:
+    """The number of hosts (ranks with the same local rank, one per host)."""
+    return _require().topo.cross_size
+
+
+def cross_rank() -> int:
+    """This host's index among the hosts."""
+    return _require().topo.cross_rank
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    ctx = _require()
+    return ctx.size == ctx.topo.local_size * ctx.topo.cross_size
+
+
+def engine():
+    """The live engine; ValueError before ``init``, HorovodInternalError once it has failed."""
+    return _ctx.engine()
+
+
+# Capability queries: answered for this implementation, truthfully.
+def mpi_threads_supported() -> bool:
+    """False: this build has no MPI."""
+    _require()
+    return False
+
+
+def mpi_enabled() -> bool:
+    """False: this build has no MPI."""
+    return False
+
+
+def mpi_built() -> bool:
+    """False: this build has no MPI."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """Our TCP/shared-memory controller plays the role of Horovod's Gloo controller."""
+    return True
+
+
+def gloo_built() -> bool:
+    """True: the TCP/shared-memory controller stands in for Gloo."""
+    return True
+
+
+def nccl_built() -> int:
+    """0: no NCCL (CPU only)."""
+    return 0
+
+
+def ddl_built() -> bool:
+    """False: no IBM DDL."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: no oneCCL."""
+    return False
+
+
+def cuda_built() -> bool:
+    """False: tensors are reduced on the CPU."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False: tensors are reduced on the CPU."""
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a timeline (needs ``HOROVOD_TIMELINE=DYNAMIC``)."""
+    ctx = _require()
+    if ctx.timeline is None:
+        raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
+    ctx.timeline.start_file(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline started by :func:`start_timeline`."""
+    ctx = _require()
+    if ctx.timeline is None:
+        raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
+    ctx.timeline.stop_file()

@@ -1,0 +1,87 @@
+"""The one per-process Horovod context: what ``init`` built (configuration, topology, engine, timeline).
+
+Held here, below :mod:`basics` and :mod:`process_sets`, so both can reach the live engine without importing each
+other. ``init`` installs a context and ``shutdown`` clears it; ``shutdown()`` then ``init()`` builds a fresh one
+(elastic training relies on it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Optional
+
+from horovod.common.exceptions import HorovodInternalError
+
+__all__ = ["Context", "NOT_INITIALIZED", "current", "get", "install", "clear", "engine", "lock"]
+
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+lock = threading.RLock()
+
+
+@dataclasses.dataclass
+class Context:
+    """What ``init`` built for this process; dropped by ``shutdown``."""
+
+    config: object
+    topo: object          # horovod.common.types.Topology: this worker's place in the job
+    engine: object
+    dynamic_sets: bool
+    timeline: object = None
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return self.topo.rank
+
+    @property
+    def size(self) -> int:
+        """The number of ranks in the job."""
+        return self.topo.size
+
+
+_context: Optional[Context] = None
+
+
+def get() -> Optional[Context]:
+    """The live context, or None before ``init`` and after ``shutdown``."""
+    return _context
+
+
+def current() -> Context:
+    """The live context.
+
+    Raises:
+        ValueError: Horovod is not initialized.
+    """
+    if _context is None:
+        raise ValueError(NOT_INITIALIZED)
+    return _context
+
+
+def install(ctx: Context) -> None:
+    """Make ``ctx`` the live context (``init``)."""
+    global _context
+    _context = ctx
+
+
+def clear() -> Optional[Context]:
+    """Drop the live context and return it (``shutdown``)."""
+    global _context
+    with lock:
+        ctx, _context = _context, None
+    return ctx
+
+
+def engine():
+    """The live engine.
+
+    Raises:
+        ValueError: Horovod is not initialized.
+        HorovodInternalError: the engine has failed (a peer was lost, a collective timed out).
+    """
+    ctx = current()
+    if ctx.engine.error is not None:
+        raise HorovodInternalError(ctx.engine.error)
+    return ctx.engine

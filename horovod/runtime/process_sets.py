@@ -1,0 +1,178 @@
+"""Process sets: collectives among a subset of ranks, with Horovod's API and id numbering.
+
+Id 0 is the global set. Static sets are given to ``init(process_sets=[...])``; in dynamic mode
+(``HOROVOD_DYNAMIC_PROCESS_SETS=1`` or ``init(process_sets="dynamic")``) every rank calls ``add_process_set`` and
+``remove_process_set`` in the same order, and the engine applies the change at the same point on every rank.
+Ids are assigned 1, 2, ... in registration order.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Union
+
+from horovod.common.types import OpType, Request
+from horovod.runtime import context
+
+# -- the engine side of dynamic sets ----------------------------------------------------------------------------------
+
+_set_change_counter = 0
+
+
+def _set_change(op: OpType, payload) -> object:
+    global _set_change_counter
+    ctx = context.current()
+    if not ctx.dynamic_sets:
+        raise ValueError("Process sets can only be added or removed in dynamic mode: set "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call hvd.init(process_sets='dynamic')")
+    _set_change_counter += 1
+    name = f"process_set.{op.name.lower()}.{_set_change_counter}"
+    handle = context.engine().submit(Request(name, op, "uint8", (), payload=tuple(payload)), None)
+    return handle.result()
+
+
+def _add_process_set_impl(ranks: Sequence[int]) -> int:
+    ctx = context.current()
+    if not ranks or any(r < 0 or r >= ctx.size for r in ranks):
+        raise ValueError(f"process set ranks {list(ranks)} must be non-empty and within 0..{ctx.size - 1}")
+    set_id = _set_change(OpType.ADD_PROCESS_SET, sorted(ranks))
+    if set_id < 0:
+        raise ValueError(f"a process set with ranks {sorted(ranks)} is already registered (id {-set_id - 1}); "
+                         f"this is a duplicate")
+    return set_id
+
+
+def _remove_process_set_impl(set_id: int) -> bool:
+    return bool(_set_change(OpType.REMOVE_PROCESS_SET, [set_id]))
+
+
+def _get_process_set_ids_and_ranks() -> Dict[int, List[int]]:
+    return {i: list(r) for i, r in context.engine().set_ids().items()}
+
+
+def _process_set_rank(set_id: int) -> int:
+    ranks = context.engine().set_ranks(set_id)
+    me = context.current().rank
+    return ranks.index(me) if ranks and me in ranks else -1
+
+
+def _process_set_size(set_id: int) -> int:
+    ranks = context.engine().set_ranks(set_id)
+    return len(ranks) if ranks else -1
+
+
+class ProcessSet:
+    """A set of global ranks. ``size()`` and ``rank()`` are None until the set is registered."""
+
+    def __init__(self, ranks_or_comm: Union[Sequence[int], object]):
+        if hasattr(ranks_or_comm, "Get_rank") and not isinstance(ranks_or_comm, (list, tuple, range)):
+            raise ValueError("ProcessSet from an MPI communicator needs MPI support, which this build does not "
+                             "have; pass the list of ranks instead")
+        self.ranks: Optional[List[int]] = sorted(int(r) for r in ranks_or_comm) if ranks_or_comm is not None else None
+        if self.ranks is not None and len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"ProcessSet ranks contain duplicates: {self.ranks}")
+        self.process_set_id: Optional[int] = None
+        self.mpi_comm = None
+
+    def _registered(self) -> bool:
+        return self.process_set_id is not None and context.get() is not None
+
+    def size(self) -> Optional[int]:
+        """The number of ranks in the set, or None when the set is not registered."""
+        return len(self.ranks) if self._registered() and self.ranks is not None else None
+
+    def rank(self) -> Optional[int]:
+        """This process's rank within the set, or None when it is not a member or the set is not registered."""
+        if not self._registered():
+            return None
+        me = context.current().rank
+        return self.ranks.index(me) if me in self.ranks else None
+
+    def included(self) -> Optional[bool]:
+        """Whether this process is a member, or None when the set is not registered."""
+        if not self._registered():
+            return None
+        return context.current().rank in self.ranks
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ProcessSet) and self.ranks == other.ranks and \
+            self.process_set_id == other.process_set_id
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.ranks or ()), self.process_set_id))
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Register a new process set on every rank (dynamic mode only); returns it with its id set.
+
+    Raises:
+        ValueError: not in dynamic mode, the ranks are invalid, or a set with these ranks exists.
+    """
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps} is already registered")
+    ps.process_set_id = _add_process_set_impl(ps.ranks)
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a set on every rank; False for the global set or an unregistered one."""
+    if process_set.process_set_id in (None, 0):
+        return False
+    removed = _remove_process_set_impl(process_set.process_set_id)
+    if removed:
+        process_set.process_set_id = None
+    return removed
+
+
+# -- the engine side of dynamic sets ----------------------------------------------------------------------------------
+
+_set_change_counter = 0
+
+
+def _set_change(op: OpType, payload) -> object:
+    global _set_change_counter
+    ctx = context.current()
+    if not ctx.dynamic_sets:
+        raise ValueError("Process sets can only be added or removed in dynamic mode: set "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call hvd.init(process_sets='dynamic')")
+    _set_change_counter += 1
+    name = f"process_set.{op.name.lower()}.{_set_change_counter}"
+    handle = context.engine().submit(Request(name, op, "uint8", (), payload=tuple(payload)), None)
+    return handle.result()
+
+
+def _add_process_set_impl(ranks: Sequence[int]) -> int:
+    ctx = context.current()
+    if not ranks or any(r < 0 or r >= ctx.size for r in ranks):
+        raise ValueError(f"process set ranks {list(ranks)} must be non-empty and within 0..{ctx.size - 1}")
+    set_id = _set_change(OpType.ADD_PROCESS_SET, sorted(ranks))
+    if set_id < 0:
+        raise ValueError(f"a process set with ranks {sorted(ranks)} is already registered (id {-set_id - 1}); "
+                         f"this is a duplicate")
+    return set_id
+
+
+def _remove_process_set_impl(set_id: int) -> bool:
+    return bool(_set_change(OpType.REMOVE_PROCESS_SET, [set_id]))
+
+
+def _get_process_set_ids_and_ranks() -> Dict[int, List[int]]:
+    return {i: list(r) for i, r in context.engine().set_ids().items()}
+
+
+def _process_set_rank(set_id: int) -> int:
+    ranks = context.engine().set_ranks(set_id)
+    me = context.current().rank
+    return ranks.index(me) if ranks and me in ranks else -1
+
+
+def _process_set_size(set_id: int) -> int:
+    ranks = context.engine().set_ranks(set_id)
+    return len(ranks) if ranks else -1
