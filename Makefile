@@ -4,7 +4,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel this project tests with.
-# The tensorflow extra is tensorflow-cpu + Keras 3 (about 30 s to install here); torch stays pinned in the same command.
+# The tensorflow extra is tensorflow-cpu + Keras 3 (about 30 s to install here); the jax, ray and spark extras are
+# optional for users but tested here; torch stays pinned in the same command.
 TORCH := torch==2.13.0
 DEMO := $(if $(wildcard examples/pytorch_digits.py),examples/pytorch_digits.py,examples/numpy_allreduce.py)
 
@@ -15,7 +16,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[test,examples,tensorflow]" $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[test,examples,tensorflow,jax,ray,spark]" $(TORCH)
 	touch $@
 
 sysdeps:
