@@ -23,6 +23,7 @@ ALIASES: Dict[str, str] = {
     "horovod.common.basics": "horovod.runtime.basics",
     "horovod.common.process_sets": "horovod.runtime.process_sets",
     "horovod.common.collectives": "horovod.runtime.collectives",
+    "horovod.common.compression": "horovod.runtime.compression",
     "horovod.common.topology": "horovod.runtime.topology",
     "horovod.common.launch_env": "horovod.runtime.launch_env",
     "horovod.elastic.worker": "horovod.runtime.elastic_worker",
