@@ -17,6 +17,8 @@ import statistics
 import time
 from typing import Callable, List, Optional, Tuple
 
+__all__ = ["MIB", "SEEDS", "SAMPLES_PER_CANDIDATE", "CSV_HEADER", "candidates", "Autotuner"]
+
 MIB = 1024 * 1024
 SEEDS: Tuple[Tuple[float, float], ...] = ((4, 5), (32, 50), (16, 25), (8, 10))   # (fusion MiB, cycle ms)
 SAMPLES_PER_CANDIDATE = 3

@@ -18,6 +18,8 @@ from typing import Dict, Optional
 
 from horovod.common.types import OP_NAMES
 
+__all__ = ["Timeline", "from_config"]
+
 _FLUSH_SECONDS = 0.1
 
 
@@ -76,6 +78,7 @@ class Timeline:
     # -- files -----------------------------------------------------------------------------------------------------
 
     def start_file(self, path: str, mark_cycles: bool = False) -> None:
+        """Start writing a timeline file at ``path`` (closing the current one); ``mark_cycles`` marks cycles."""
         with self._lock:
             self._close_writer()
             self.mark_cycles = mark_cycles
@@ -89,10 +92,12 @@ class Timeline:
             self._emit({"name": "process_sort_index", "ph": "M", "pid": 0, "args": {"sort_index": 0}})
 
     def stop_file(self) -> None:
+        """Stop writing; the file is complete JSON."""
         with self._lock:
             self._close_writer()
 
     def close(self) -> None:
+        """Stop writing (as :meth:`stop_file`)."""
         self.stop_file()
 
     def _close_writer(self) -> None:
@@ -120,6 +125,7 @@ class Timeline:
         return pid
 
     def cycle_start(self) -> None:
+        """Mark the start of a cycle, when asked to (``HOROVOD_TIMELINE_MARK_CYCLES``)."""
         if self.mark_cycles and self._writer is not None:
             self._emit({"name": "CYCLE_START", "ph": "i", "ts": self._ts(), "s": "g", "pid": 0})
 
@@ -127,6 +133,7 @@ class Timeline:
         """Submission is not drawn; negotiation starts when the coordinator first sees the tensor."""
 
     def rank_ready(self, name: str, op: int, rank: int) -> None:
+        """Record that ``rank`` submitted ``name`` (the first one opens the negotiation span)."""
         if self._writer is None:
             return
         pid = self._pid(name)
@@ -150,6 +157,7 @@ class Timeline:
                         self._emit({"ph": "E", "ts": ts, "pid": self._pid(name), "tid": 0})
 
     def start(self, response) -> None:
+        """Open the execution span of each tensor of ``response``."""
         if self._writer is None:
             return
         ts = self._ts()
@@ -159,6 +167,7 @@ class Timeline:
                         "pid": self._pid(name), "tid": 0})
 
     def activity(self, response, activity: str) -> None:
+        """Start phase ``activity`` (ending the previous one) for each tensor of ``response``."""
         if self._writer is None:
             return
         ts = self._ts()
@@ -170,6 +179,7 @@ class Timeline:
             self._emit({"name": activity, "ph": "B", "ts": ts, "pid": pid, "tid": 0})
 
     def end(self, response) -> None:
+        """Close the execution spans of ``response``'s tensors, with their dtype and shape."""
         if self._writer is None:
             return
         ts = self._ts()

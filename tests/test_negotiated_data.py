@@ -19,20 +19,20 @@ def _small_and_large():
     import numpy as np
     import horovod.numpy as hvd
     from horovod.runtime import basics
-    from horovod.core import engine as engine_module
+    from horovod.core import execution
+    from horovod.core.negotiation import inline
     folded = []
-    fold = engine_module.allreduce_contributions
+    fold = execution.allreduce_contributions
 
     def counted(response, *args):
         folded.extend(response.names)
         return fold(response, *args)
-    engine_module.allreduce_contributions = counted
-    from horovod.core import peer_negotiation
-    peer_negotiation.INLINE_FRAME_BYTES = 4096     # 4 tensors of 1 KiB a frame: a burst of 40 cannot fit
+    execution.allreduce_contributions = counted
+    inline.INLINE_FRAME_BYTES = 4096     # 4 tensors of 1 KiB a frame: a burst of 40 cannot fit
     hvd.init()
     me = hvd.rank()
     engine = basics.engine()
-    out = {"peer": engine._peer_mode, "folded": folded}
+    out = {"peer": engine.negotiation.name == "peer", "folded": folded}
     # Floats whose sum depends on the order of addition: every rank must still hold the same bits.
     for count in (1, 7, 200, 4000):          # 4000 floats (16 KB) are too big to travel with the negotiation
         out[f"sum{count}"] = hvd.allreduce(_inputs(me, count, count), op=hvd.Sum, name=f"sum{count}").tobytes()

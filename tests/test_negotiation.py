@@ -270,16 +270,16 @@ def test_negotiation_mode_follows_size_and_settings(env, size, peer):
     from horovod.core.engine import Engine
     engine = Engine(load_config(env), 0, size, None)
     try:
-        assert engine._peer_mode is peer
+        assert (engine.negotiation.name == "peer") is peer
+        assert engine.negotiation.every_member_coordinates is peer
     finally:
-        engine._wake_r.close()
-        engine._wake_w.close()
+        engine.wake.close()
 
 
 def test_auto_negotiation_keeps_the_star_where_a_host_is_oversubscribed():
     import types
     from horovod.common.config import load_config
-    from horovod.core.peer_negotiation import oversubscribed, peer_negotiation
+    from horovod.core.negotiation import oversubscribed, peer_negotiation
     two_hosts = types.SimpleNamespace(hostnames=["a", "a", "b", "b"], cores=[2, 2, 8, 8])
     crowded = types.SimpleNamespace(hostnames=["a", "a", "a", "b"], cores=[2, 2, 2, 8])
     assert not oversubscribed(two_hosts) and oversubscribed(crowded)
@@ -291,7 +291,7 @@ def test_auto_negotiation_keeps_the_star_where_a_host_is_oversubscribed():
 def test_unknown_or_contradictory_negotiation_mode_is_a_clear_error():
     from horovod.common.config import load_config
     from horovod.common.exceptions import HorovodConfigError
-    from horovod.core.peer_negotiation import peer_negotiation
+    from horovod.core.negotiation import peer_negotiation
     with pytest.raises(HorovodConfigError, match="HOROVOD_NEGOTIATION='ring': use auto, peer, star"):
         load_config({"HOROVOD_NEGOTIATION": "ring"})
     assert load_config({"HOROVOD_NEGOTIATION": " Peer "}).negotiation == "peer"

@@ -11,10 +11,13 @@ from typing import List, Sequence
 
 import numpy as np
 
+__all__ = ["combine_pair", "adasum_reduce"]
+
 _TINY = np.sqrt(np.finfo(np.float64).tiny)
 
 
 def combine_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Adasum of two flat vectors (dot products and norms in float64), in ``a``'s dtype."""
     a64 = a.astype(np.float64, copy=False)
     b64 = b.astype(np.float64, copy=False)
     dot = float(np.dot(a64, b64))

@@ -7,9 +7,13 @@ from typing import Any, Optional, Tuple
 
 from horovod.transport.base import Transport
 
+__all__ = ["Group", "segment_bounds"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Group:
+    """The ranks of one process set (or of one host, or the hosts' leaders) as an algorithm sees them."""
+
     ranks: Tuple[int, ...]     # global ranks, in set order
     index: int                 # this rank's position in ``ranks``
     transport: Transport
@@ -18,6 +22,7 @@ class Group:
 
     @property
     def size(self) -> int:
+        """The number of ranks in the group."""
         return len(self.ranks)
 
     def peer(self, offset: int) -> int:

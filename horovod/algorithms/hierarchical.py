@@ -14,9 +14,13 @@ import numpy as np
 from horovod.algorithms import ring, shm_collectives
 from horovod.algorithms.group import Group
 
+__all__ = ["Hierarchy", "allreduce"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Hierarchy:
+    """The two levels of a set spanning hosts: this host's ranks, and one leader per host."""
+
     local: Group                 # the ranks of this host (with shared memory when available)
     cross: Optional[Group]       # the hosts' leaders; None on ranks that are not their host's leader
 

@@ -6,6 +6,8 @@ import numpy as np
 
 from horovod.common.types import ReduceOp
 
+__all__ = ["ufunc_for", "widens", "to_float32", "from_float32", "scale"]
+
 _UFUNCS = {
     ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
     ReduceOp.PRODUCT: np.multiply,
@@ -26,6 +28,7 @@ def widens(dtype: str) -> bool:
 
 
 def to_float32(words: np.ndarray, dtype: str, out: np.ndarray) -> None:
+    """Widen 2-byte floats ``words`` (``dtype`` float16 or bfloat16) into the float32 ``out``."""
     if dtype == "bfloat16":
         np.left_shift(words.view(np.uint16).astype(np.uint32), 16, out=out.view(np.uint32))
     else:
@@ -33,6 +36,7 @@ def to_float32(words: np.ndarray, dtype: str, out: np.ndarray) -> None:
 
 
 def from_float32(values: np.ndarray, dtype: str, out: np.ndarray) -> None:
+    """Narrow float32 ``values`` into ``out`` of ``dtype``, rounding to nearest even (bfloat16 NaN stays NaN)."""
     if dtype == "bfloat16":
         bits = values.view(np.uint32)
         # round to nearest even, as every bfloat16 conversion does

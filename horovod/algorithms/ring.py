@@ -14,6 +14,9 @@ import numpy as np
 
 from horovod.algorithms.group import Group, segment_bounds
 
+__all__ = ["CHUNK_BYTES", "EXCHANGE_MAX_BYTES", "ring_reduce_scatter", "ring_allgather_segments", "ring_allreduce",
+           "ring_allgatherv", "chain_broadcast", "pairwise_alltoall", "exchange_allreduce"]
+
 CHUNK_BYTES = 1 << 20
 # Up to this size an allreduce is latency-bound: one all-to-all exchange of whole buffers (one network hop) beats the
 # ring's 2(n-1) dependent steps, and at two ranks it even moves the same bytes.

@@ -2,7 +2,8 @@
 
 Allreduce, chunk by chunk: every rank copies the slices its peers will reduce into its own segment; after a barrier
 each rank reduces its own slice in its own buffer, reading that slice straight from its peers' segments, and publishes
-the result; after a second barrier every rank copies the peers' reduced slices out. Each slice is reduced by exactly one rank, so every rank gets the same bits.
+the result; after a second barrier every rank copies the peers' reduced slices out. Each slice is reduced by exactly
+one rank, so every rank gets the same bits.
 Chunks alternate between the two halves of each segment, also from one collective to the next (the segments keep
 the count), so no collective needs a barrier of its own at its end: the barrier that publishes chunk k+1 also proves
 that everybody finished reading chunk k-1, whose half chunk k+1 reuses. Alltoall and reducescatter use whole
@@ -17,6 +18,9 @@ import numpy as np
 
 from horovod.algorithms import reduction
 from horovod.algorithms.group import Group, segment_bounds
+
+__all__ = ["CHUNK_BYTES", "SPIN_CHUNK_BYTES", "BLOCK_BYTES", "allreduce", "allgatherv", "broadcast", "alltoall",
+           "reduce_scatter"]
 
 CHUNK_BYTES = 4 << 20   # a few barriers per large buffer, while chunks still fit in the L3 cache
 # Where barriers may spin (local ranks have a core each) they are cheap, and smaller chunks are still in cache when
@@ -62,20 +66,8 @@ def allreduce(group: Group, buf: np.ndarray, ufunc, post: float = 1.0) -> None:
         mine[:lo] = buf[start:start + lo]
         mine[hi:] = buf[start + hi:stop]
         shm.barrier()
-        # Block by block, so that the result is copied back (and scaled) while it is still in the cache.
-        block = max(1, BLOCK_BYTES // itemsize)
         peers = [_half(group, peer, half, buf.dtype, count) for peer in range(n) if peer != me]
-        for b_lo in range(lo, hi, block):
-            b_hi = min(hi, b_lo + block)
-            own, result = buf[start + b_lo:start + b_hi], mine[b_lo:b_hi]
-            source = own
-            for theirs in peers:
-                ufunc(source, theirs[b_lo:b_hi], out=result)
-                source = result
-            if fused_scale:
-                np.multiply(result, factor, out=own)
-            else:
-                own[:] = result
+        _reduce_slice(buf[start + lo:start + hi], mine[lo:hi], [p[lo:hi] for p in peers], ufunc, factor)
         shm.barrier()
         for peer in range(n):
             a, b = bounds[peer], bounds[peer + 1]
@@ -88,6 +80,23 @@ def allreduce(group: Group, buf: np.ndarray, ufunc, post: float = 1.0) -> None:
     shm.unsettle()
     if post != 1.0 and not fused_scale:
         reduction.scale(buf, post)
+
+
+def _reduce_slice(own: np.ndarray, result: np.ndarray, peers, ufunc, factor) -> None:
+    """Reduce this rank's slice ``own`` with the peers' into ``result`` (its segment), times ``factor`` unless None,
+    and copy it back into ``own``; block by block, so that each block is copied back while it is still in the cache."""
+    block = max(1, BLOCK_BYTES // own.itemsize)
+    for lo in range(0, own.size, block):
+        hi = min(own.size, lo + block)
+        mine, out = own[lo:hi], result[lo:hi]
+        source = mine
+        for theirs in peers:
+            ufunc(source, theirs[lo:hi], out=out)
+            source = out
+        if factor is not None:
+            np.multiply(out, factor, out=mine)
+        else:
+            mine[:] = out
 
 
 def allgatherv(group: Group, out: np.ndarray, byte_counts: Sequence[int]) -> None:

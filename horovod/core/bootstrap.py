@@ -15,6 +15,8 @@ from horovod.common.exceptions import HorovodInternalError, RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient
 from horovod.transport.tcp import TcpTransport
 
+__all__ = ["rendezvous_client", "connect"]
+
 
 def _routable_address(rendezvous_addr: str, port: int) -> str:
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -48,6 +50,11 @@ def _interface_address(ifaces: str) -> str:
 
 
 def rendezvous_client(config, topo) -> RendezvousClient:
+    """A client of the launcher's rendezvous service for this rank.
+
+    Raises:
+        HorovodInternalError: no rendezvous address, or no job secret (the job was not started by a launcher).
+    """
     if not topo.rendezvous_addr or topo.rendezvous_port <= 0:
         raise HorovodInternalError(
             f"rank {topo.rank} of {topo.size}: no rendezvous server (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT unset). "
@@ -61,7 +68,7 @@ def connect(config, topo, scope: str) -> TcpTransport:
     """Create the full mesh of authenticated connections for the job's ranks, bounded by the start timeout."""
     rank, size = topo.rank, topo.size
     client = rendezvous_client(config, topo)
-    transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds)
+    transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds, job_token=scope)
     if config.gloo_iface:
         host = _interface_address(config.gloo_iface)
     else:
@@ -87,13 +94,11 @@ def connect(config, topo, scope: str) -> TcpTransport:
     except RendezvousError as exc:
         transport.close()
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
-    transport.hostnames = [hostname for _, hostname, _, _, _ in published]
-    transport.cores = [cores for _, _, _, _, cores in published]
+    transport.set_layout([hostname for _, hostname, _, _, _ in published], [cores for *_, cores in published])
     mismatch = _settings_mismatch([settings for _, _, settings, _, _ in published])
     if mismatch:
         transport.close()
         raise HorovodInternalError(mismatch)
-    transport.job_token = scope
     return transport
 
 

@@ -1,28 +1,26 @@
-"""Negotiation: which named requests are ready on every rank of a process set, and what each rank must execute.
+"""The coordinator: which named requests are ready on every rank of a process set, and what each rank executes.
 
 The coordinator (the set's first rank) runs :meth:`Coordinator.step` once per cycle over the messages of all the
 set's ranks. It is a pure state machine over plain data: no sockets, no threads, no clock of its own, so it is tested
 without processes. A name is ready once every rank that has not joined submitted it; its requests are then validated
 (dtype, shape, op, scales, root must agree) and a mismatch becomes an ERROR response that names the tensor, the
-field and what each rank sent, failing the op on every rank while the job goes on.
+field and what each rank sent, failing the op on every rank while the job goes on. How the messages reach it (and
+who runs it) is the negotiation protocols' business: :mod:`horovod.core.negotiation`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response
 from horovod.core import fusion
 from horovod.core.response_cache import ResponseCache
 
+__all__ = ["FATAL_ERROR", "StallReport", "Message", "Coordinator"]
+
 FATAL_ERROR = 1   # ERROR response payload: raise HorovodInternalError, as Horovod shuts down on a stall
-POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
-IDLE, PENDING, NEW = 0, 1, 2   # how urgently a rank needs a cycle: nothing, answers awaited, requests to negotiate
-log = logging.getLogger("horovod")
 _IDENTICAL_OPS = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.BARRIER})
 _JOIN_UNSUPPORTED = (OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER)
 
@@ -43,23 +41,6 @@ class Message:
     shutdown: bool
     hits: Tuple[int, ...]
     requests: Tuple[Request, ...]
-
-
-def decode_message(data) -> Message:
-    """A message from its wire form (a tuple of primitives); HorovodInternalError when malformed."""
-    if not (isinstance(data, tuple) and len(data) == 3 and isinstance(data[0], bool)
-            and isinstance(data[1], (list, tuple)) and all(isinstance(b, int) for b in data[1])
-            and isinstance(data[2], (list, tuple))):
-        raise HorovodInternalError(f"malformed negotiation message {data!r:.200}")
-    return Message(data[0], tuple(data[1]), tuple(Request.from_wire(r) for r in data[2]))
-
-
-def report_stalls(reports: Sequence["StallReport"]) -> None:
-    """Log the stall inspector's reports, in Horovod's words."""
-    for report in reports:
-        log.warning("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
-                    "ranks and are waiting for remainder of ranks for more than %.0f seconds. Stalled "
-                    "tensor %s, missing ranks: %s", report.waited, report.name, list(report.missing_ranks))
 
 
 class Coordinator:
@@ -97,6 +78,7 @@ class Coordinator:
 
     @property
     def size(self) -> int:
+        """The number of ranks in the set."""
         return len(self.ranks)
 
     def step(self, messages: Sequence[Message], now: float) -> Tuple[List[List[Response]], bool, List[StallReport]]:
@@ -105,8 +87,28 @@ class Coordinator:
         Returns:
             (batches to execute in order, whether the job shuts down, stall reports due now)
         """
-        shutdown = False
         self.arrivals = []
+        shutdown = self._absorb(messages, now)
+        if self._joined and self._fast:
+            for name in list(self._fast):
+                self._to_slow_track(name)
+        if len(self._known) > 2 * self.cache.capacity + 1024:
+            self._forget_uncached()
+        ready = self._ready()
+        reports = self._stalls(now)
+        for report in reports:
+            self._to_slow_track(report.name)
+        if self.stall_check and self.stall_shutdown > 0:
+            ready.extend(self._stalled_out(reports))
+        batches = self._plan_batches(ready)
+        if self._joined and len(self._joined) == self.size:
+            batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
+            self._joined.clear()
+        return batches, shutdown, reports
+
+    def _absorb(self, messages: Sequence[Message], now: float) -> bool:
+        """Note every rank's cache bits and requests; True when some rank asked to shut down."""
+        shutdown = False
         fast, agreed, arrivals, track = self._fast, self._agreed, self.arrivals, self.track_arrivals
         name_of = self.cache.name
         for index, message in enumerate(messages):
@@ -134,23 +136,25 @@ class Coordinator:
                 self._to_slow_track(request.name)
                 self._known.setdefault(request.name, {})[index] = request
                 self._add(index, request, now)
-        if self._joined and fast:
-            for name in list(fast):
-                self._to_slow_track(name)
-        if len(self._known) > 2 * self.cache.capacity + 1024:
-            # Only names still cached can come back as bits; forget the others (unnamed tensors never repeat).
-            for name in [n for n in self._known if self.cache.bit(n) is None and n not in self._pending
-                         and n not in fast]:
-                del self._known[name]
-                agreed.pop(name, None)
+        return shutdown
 
+    def _forget_uncached(self) -> None:
+        """Only names still cached can come back as bits; forget the others (unnamed tensors never repeat)."""
+        for name in [n for n in self._known if self.cache.bit(n) is None and n not in self._pending
+                     and n not in self._fast]:
+            del self._known[name]
+            self._agreed.pop(name, None)
+
+    def _ready(self) -> List[Tuple[Response, int]]:
+        """The names every rank (that has not joined) has now submitted, with their responses and groups."""
         ready: List[Tuple[Response, int]] = []
+        fast = self._fast
         if fast:
             size = self.size
             for name in [n for n, arrived in fast.items() if len(arrived) == size]:
                 del fast[name]
                 self._first_seen.pop(name, None)
-                ready.append((agreed[name], -1))
+                ready.append((self._agreed[name], -1))
         for name in list(self._pending):
             got = self._pending[name]
             if all(i in got or i in self._joined for i in range(self.size)):
@@ -158,25 +162,20 @@ class Coordinator:
                 self._first_seen.pop(name, None)
                 response = self._respond(name, got)
                 ready.extend(self._release(response, got))
+        return ready
 
-        reports = self._stalls(now)
+    def _stalled_out(self, reports: Sequence[StallReport]) -> List[Tuple[Response, int]]:
+        """Tensors stalled past the shutdown time fail on every rank (HorovodInternalError)."""
+        failed: List[Tuple[Response, int]] = []
         for report in reports:
-            self._to_slow_track(report.name)
-        if self.stall_check and self.stall_shutdown > 0:
-            for report in reports:
-                if report.waited >= self.stall_shutdown and report.name in self._pending:
-                    got = self._pending.pop(report.name)
-                    self._first_seen.pop(report.name, None)
-                    ready.extend(self._release(Response(OpType.ERROR, (report.name,), error=(
-                        f"Tensor {report.name!r} stalled for {report.waited:.0f} s: ranks "
-                        f"{list(report.missing_ranks)} never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)"),
-                        payload=(FATAL_ERROR,)), got))
-
-        batches = self._plan_batches(ready)
-        if self._joined and len(self._joined) == self.size:
-            batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
-            self._joined.clear()
-        return batches, shutdown, reports
+            if report.waited >= self.stall_shutdown and report.name in self._pending:
+                got = self._pending.pop(report.name)
+                self._first_seen.pop(report.name, None)
+                failed.extend(self._release(Response(OpType.ERROR, (report.name,), error=(
+                    f"Tensor {report.name!r} stalled for {report.waited:.0f} s: ranks "
+                    f"{list(report.missing_ranks)} never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)"),
+                    payload=(FATAL_ERROR,)), got))
+        return failed
 
     def _plan_batches(self, ready: List[Tuple[Response, int]]) -> List[List[Response]]:
         responses = [r for r, _ in ready]

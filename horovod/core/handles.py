@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, List, Optional
 
+__all__ = ["Handle", "set_blocking_hook", "set_driver"]
+
 
 # Called with +1 when a thread is about to block on an unfinished handle, -1 when it stops, and 0 when a thread
 # polls an unfinished handle: the engine batches tensors while nobody waits for a result, and hurries as soon as
@@ -13,6 +15,7 @@ _blocking_hook: Optional[Callable[[int], None]] = None
 
 
 def set_blocking_hook(hook: Optional[Callable[[int], None]]) -> None:
+    """Install the engine's hook told when threads block on (+1), stop blocking on (-1) or poll (0) a handle."""
     global _blocking_hook
     _blocking_hook = hook
 
@@ -23,6 +26,7 @@ _driver: Optional[Callable[["Handle"], bool]] = None
 
 
 def set_driver(driver: Optional[Callable[["Handle"], bool]]) -> None:
+    """Install the engine's offer to run its loop on a thread about to wait for a handle (None: no offer)."""
     global _driver
     _driver = driver
 
@@ -51,6 +55,7 @@ class Handle:
         return self._done
 
     def done(self) -> bool:
+        """Whether the collective completed; a poll, so the engine hurries as for a blocked waiter."""
         if self._done:
             return True
         hook = _blocking_hook
@@ -59,10 +64,12 @@ class Handle:
         return self._done
 
     def set_result(self, value: Any) -> None:
+        """Complete with ``value`` (called by the engine)."""
         self._value = value
         self._finish()
 
     def set_exception(self, error: BaseException) -> None:
+        """Complete with ``error``, which ``result`` raises (called by the engine)."""
         self._error = error
         self._finish()
 
@@ -75,6 +82,7 @@ class Handle:
             callback(self)
 
     def add_done_callback(self, callback: Callable[["Handle"], None]) -> None:
+        """Call ``callback(handle)`` on completion (at once if already complete)."""
         if self._callbacks is None:
             self._callbacks = []
         self._callbacks.append(callback)
@@ -82,6 +90,7 @@ class Handle:
             callback(self)
 
     def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until completion or ``timeout`` seconds; returns whether it completed."""
         if self._done:
             return True
         driver = _driver
@@ -100,10 +109,17 @@ class Handle:
         return self._done
 
     def exception(self) -> Optional[BaseException]:
+        """Wait for completion; the collective's error, or None."""
         self.wait()
         return self._error
 
     def result(self, timeout: Optional[float] = None) -> Any:
+        """Wait for completion and return the output.
+
+        Raises:
+            TimeoutError: not complete within ``timeout`` seconds.
+            HorovodError: the collective failed (its own error).
+        """
         if not self.wait(timeout):
             raise TimeoutError(f"collective {self.name!r} did not complete within {timeout} s")
         if self._error is not None:

@@ -13,6 +13,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from horovod.common.types import OpType, Request, Response
 
+__all__ = ["CACHEABLE", "ResponseCache", "split_hits"]
+
 CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL,
                        OpType.REDUCESCATTER})
 
@@ -29,6 +31,7 @@ class ResponseCache:
         return len(self._entries)
 
     def bit(self, name: str) -> Optional[int]:
+        """The bit of ``name`` if cached, else None."""
         entry = self._entries.get(name)
         return None if entry is None else entry[0]
 
@@ -37,6 +40,7 @@ class ResponseCache:
         return self._entries[self._names[bit]][1]
 
     def name(self, bit: int) -> str:
+        """The name that owns ``bit``; KeyError for an unknown bit."""
         return self._names[bit]
 
     def cached_bit(self, response: Response) -> Optional[int]:

@@ -1,19 +1,25 @@
 """What the engine keeps for one process set: its ranks, groups (with shared memory and the hierarchy where they
 apply), response cache, coordinator (on the set's first rank, or on every member under peer negotiation), and the
-requests waiting to be negotiated."""
+requests waiting to be negotiated; and :class:`ProcessSets`, the sets this rank knows, made and changed alike on every
+rank (a change is a negotiated response, executed by every rank in the same cycle)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from horovod.algorithms.group import Group
 from horovod.algorithms.hierarchical import Hierarchy
-from horovod.common.types import Request, Response
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import Request
 from horovod.core.controller import Coordinator
 from horovod.core.ops import Entry
 from horovod.core.response_cache import ResponseCache
 from horovod.transport import shm
+
+__all__ = ["IDLE", "PENDING", "NEW", "SetState", "ProcessSets", "hierarchy", "shared_memory", "close_segments"]
+
+IDLE, PENDING, NEW = 0, 1, 2   # how urgently a rank needs a cycle: nothing, answers awaited, requests to negotiate
 
 
 class SetState:
@@ -39,45 +45,74 @@ class SetState:
         self.entries: Dict[str, Entry] = {}
         self.lock = threading.Lock()
         self.removed = False
-        # Peer negotiation: small allreduces' data that came with the members' frames, by name and member position,
-        # until the tensor is executed (or fails).
-        self.inline: Dict[str, Dict[int, bytes]] = {}
-
-    def hold_inline(self, position: int, data: Dict[str, bytes]) -> None:
-        for name, contribution in data.items():
-            self.inline.setdefault(name, {})[position] = contribution
-
-    def split_inline(self, batch: Sequence[Response]
-                     ) -> Tuple[List[Response], Optional[List[bytes]], List[Response]]:
-        """Split a batch of single-tensor allreduces into those every member sent data for, to fold, and the rest,
-        for the ordinary path; the held data of all of them is forgotten. Every member splits alike (the data came
-        with frames that every member received). Returns (folded, each member's contributions to all of them
-        concatenated in order, rest)."""
-        size = len(self.ranks)
-        folded: List[Response] = []
-        rest: List[Response] = []
-        complete: List[Dict[int, bytes]] = []
-        for response in batch:
-            held = self.inline.pop(response.names[0], None)
-            if held is not None and len(held) == size:
-                folded.append(response)
-                complete.append(held)
-            else:
-                rest.append(response)
-        if not folded:
-            return folded, None, rest
-        if len(complete) == 1:
-            return folded, [complete[0][p] for p in range(size)], rest
-        return folded, [b"".join(h[p] for h in complete) for p in range(size)], rest
-
-    def drop_inline(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.inline.pop(name, None)
 
     def drain(self) -> List[Request]:
+        """Take the requests queued since the last call (they go into this cycle's message)."""
         with self.lock:
             requests, self.queue = self.queue, []
         return requests
+
+
+class ProcessSets:
+    """The process sets this rank knows, by id (``by_id``, changed only by the loop, between cycles)."""
+
+    def __init__(self, rank: int, transport, config, may_spin: Optional[Callable[[], bool]] = None,
+                 every_member_coordinates: bool = False, track_arrivals: bool = False):
+        self.by_id: Dict[int, SetState] = {}
+        self._next_id = 1
+        self._rank, self._transport, self._config, self._may_spin = rank, transport, config, may_spin
+        self._every_member_coordinates = every_member_coordinates
+        self._track_arrivals = track_arrivals
+
+    def add(self, set_id: int, ranks: Sequence[int]) -> None:
+        """Register set ``set_id`` (a static set, known to every rank before the loop starts)."""
+        state = SetState(set_id, ranks, self._rank, self._transport, self._config, self._may_spin,
+                         self._every_member_coordinates)
+        if state.coordinator is not None:
+            state.coordinator.track_arrivals = self._track_arrivals
+        self.by_id[set_id] = state
+        self._next_id = max(self._next_id, set_id + 1)
+
+    def add_new(self, ranks: Tuple[int, ...]) -> int:
+        """Register a set made at run time; returns its id, or ``-id - 1`` of the set that has these ranks already."""
+        for set_id, state in self.by_id.items():
+            if state.ranks == ranks:
+                return -set_id - 1
+        set_id = self._next_id
+        self.add(set_id, ranks)
+        return set_id
+
+    def remove(self, set_id: int) -> bool:
+        """Unregister set ``set_id`` (never the global set): its pending collectives fail, its segments close."""
+        removed = self.by_id.pop(set_id, None) if set_id > 0 else None
+        if removed is None:
+            return False
+        with removed.lock:
+            removed.removed = True
+            entries, removed.entries = removed.entries, {}
+        for entry in entries.values():
+            entry.handle.set_exception(HorovodInternalError(f"process set {set_id} was removed"))
+        close_segments(removed)
+        return True
+
+    def work(self) -> int:
+        """NEW when requests of this rank wait to be negotiated, PENDING when only answers are awaited, else IDLE."""
+        pending = IDLE
+        for state in self.by_id.values():
+            if state.index >= 0:
+                if state.queue:
+                    return NEW
+                if state.entries:
+                    pending = PENDING
+        return pending
+
+    def fail_all(self, message: str) -> None:
+        """Fail every pending and queued collective of every set with HorovodInternalError(``message``)."""
+        for state in list(self.by_id.values()):
+            with state.lock:
+                entries, state.entries, state.queue = state.entries, {}, []
+            for entry in entries.values():
+                entry.handle.set_exception(HorovodInternalError(message))
 
 
 def hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config, may_spin=None):
@@ -100,6 +135,7 @@ def hierarchy(set_id: int, ranks: Sequence[int], index: int, transport, config, 
 
 
 def close_segments(state: "SetState") -> None:
+    """Unmap the set's shared-memory segments, if it has any."""
     if state.group is not None:
         for segments in (state.group.shm, state.group.hierarchy and state.group.hierarchy.local.shm):
             if segments is not None:

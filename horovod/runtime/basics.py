@@ -13,7 +13,7 @@ from horovod import timeline as _timeline
 from horovod.common import config as _config
 from horovod.core.bootstrap import connect
 from horovod.core.engine import Engine
-from horovod.core.peer_negotiation import peer_negotiation
+from horovod.core.negotiation import peer_negotiation
 from horovod.runtime import context as _ctx
 from horovod.runtime.process_sets import (ProcessSet, global_process_set, _add_process_set_impl,  # noqa: F401
                                           _get_process_set_ids_and_ranks, _process_set_rank, _process_set_size,

@@ -1,28 +1,46 @@
-"""The Transport protocol: what an algorithm may ask of the layer that moves bytes between ranks.
+"""The Transport contract: everything the core and the algorithms may ask of the layer that moves bytes between ranks.
 
 Transports know ranks and bytes, never tensors. Every call is bounded: a dead or silent peer raises
-:class:`horovod.common.exceptions.HorovodInternalError`.
+:class:`horovod.common.exceptions.HorovodInternalError`, and the transport then fails as a whole (every later call
+raises too), so that the other ranks learn of the failure from closed connections. Besides moving bytes, a transport
+tells the job's layout, as every rank published it through the rendezvous (the same on every rank): which ranks share
+a host (shared memory, hierarchical allreduce, whether a host is oversubscribed) and the secrets that name a job's
+shared-memory segments. A single-process job has no transport at all.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
+
+__all__ = ["Future", "Transport"]
 
 
 class Future(Protocol):
-    def wait(self) -> None: ...
+    """Completion of a send started with :meth:`Transport.isend`."""
+
+    def wait(self) -> None:
+        """Return once the send completed; re-raise its error."""
 
 
 class Transport(Protocol):
+    """Point-to-point messaging between the ranks of one job, and the job's layout."""
+
     rank: int
     size: int
-    timeout: float      # seconds a peer may stay silent (0: forever)
+    timeout: float                  # seconds a peer may stay silent (0: forever)
+    secret: bytes                   # the job's secret (authenticates connections; names shared-memory segments)
+    job_token: str                  # names this mesh of connections among the job's meshes (one per init)
+    hostnames: Sequence[str]        # every rank's host identity, by rank (empty until the mesh is up)
+    cores: Sequence[int]            # the number of cores of every rank's host, by rank (empty until then)
 
     def fileno(self, peer: int) -> int:
         """The connection to ``peer``, for waiting on several peers at once."""
 
     def silent(self, peer: int) -> Exception:
         """The error for ``peer`` having owed a message for longer than ``timeout``; the transport fails."""
+
+    def check_open(self, peer: int) -> None:
+        """Raise if ``peer`` hung up; bytes waiting on the connection stay there."""
 
     def send(self, peer: int, data) -> None:
         """Send all of ``data`` (bytes or a memoryview) to ``peer``."""
@@ -39,4 +57,5 @@ class Transport(Protocol):
     def recv_obj(self, peer: int) -> Any:
         """Receive one control message."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Close every connection; later calls raise HorovodInternalError."""

@@ -31,6 +31,8 @@ import numpy as np
 
 from horovod.common.exceptions import HorovodInternalError
 
+__all__ = ["SHM_DIR", "SPIN_SECONDS", "COUNTER_BARRIERS", "spin_seconds", "available", "job_token", "ShmSegments"]
+
 log = logging.getLogger("horovod")
 
 SHM_DIR = "/dev/shm"
@@ -60,6 +62,7 @@ def spin_seconds(local_ranks: int) -> float:
 
 
 def available() -> bool:
+    """Whether this host offers shared memory that this process may write (``/dev/shm``)."""
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
@@ -275,9 +278,11 @@ class ShmSegments:
         self.capacity = capacity
 
     def view(self, position: int) -> np.ndarray:
+        """The segment of the rank at ``position`` as flat bytes (valid until the next :meth:`ensure`)."""
         return self._views[position]
 
     def close(self) -> None:
+        """Unmap every segment (they were unlinked as soon as every peer had mapped them)."""
         self._unmap()
         if self._wake is not None:
             self._wake.close()

@@ -3,8 +3,8 @@
 Connections are made once at ``init`` through the rendezvous (rank *j* dials every lower rank and accepts every
 higher one). Ranks on one host connect through a Unix-domain socket (Linux's abstract namespace) where they can:
 the same stream, without the TCP stack, so a small send costs about a tenth of a loopback TCP send. TCP is the
-fallback, and the only way between hosts. Each peer has a sender thread, so a ring step sends to the right while receiving from the left. A
-socket error, a closed connection or a peer silent for longer than the timeout becomes
+fallback, and the only way between hosts. Each peer has a sender thread, so a ring step sends to the right while
+receiving from the left. A socket error, a closed connection or a peer silent for longer than the timeout becomes
 :class:`HorovodInternalError` naming the peer; the transport then closes every connection so that the other ranks
 learn of the failure at once instead of waiting for their own timeout.
 """
@@ -17,10 +17,12 @@ import select
 import socket
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
+
+__all__ = ["SendFuture", "TcpTransport"]
 
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _INLINE_SEND_BYTES = 64 * 1024
@@ -41,6 +43,7 @@ class SendFuture:
         self._event.set()
 
     def wait(self) -> None:
+        """Return once the send completed; re-raise the sender's error."""
         self._event.wait()
         if self._error is not None:
             raise self._error
@@ -97,20 +100,20 @@ def _configure(sock: socket.socket, timeout: float) -> None:
 class TcpTransport:
     """Point-to-point messaging between the ranks of one job over authenticated TCP connections."""
 
-    def __init__(self, rank: int, size: int, secret: bytes, timeout: float):
+    def __init__(self, rank: int, size: int, secret: bytes, timeout: float, job_token: str = ""):
         self.rank = rank
         self.size = size
         self.secret = secret
         self.timeout = timeout
+        self.job_token = job_token
         self._socks: Dict[int, socket.socket] = {}
         self._senders: Dict[int, _Sender] = {}
         self._broken: Optional[str] = None
         self._listener: Optional[socket.socket] = None
         self._unix_listener: Optional[socket.socket] = None
         self.unix_name = ""                # where same-host peers dial us ("" when Unix sockets are unavailable)
-        self.hostnames: List[str] = []     # host identity of every rank (which ranks can share memory)
-        self.cores: List[int] = []         # cores of every rank's host
-        self.job_token = ""
+        self.hostnames: List[str] = []     # host identity of every rank (which ranks can share memory): set_layout
+        self.cores: List[int] = []         # cores of every rank's host: set_layout
 
     # -- setup ---------------------------------------------------------------------------------------------------
 
@@ -225,6 +228,17 @@ class TcpTransport:
             expected.discard(peer)
             self._socks[peer] = sock
 
+    def set_layout(self, hostnames: Sequence[str], cores: Sequence[int]) -> None:
+        """Every rank's host identity and core count, as the ranks published them (known once the mesh is up).
+
+        Raises:
+            ValueError: not one of each per rank.
+        """
+        if len(hostnames) != self.size or len(cores) != self.size:
+            raise ValueError(f"rank {self.rank}: a layout of {len(hostnames)} hosts and {len(cores)} core counts "
+                             f"for {self.size} ranks")
+        self.hostnames, self.cores = list(hostnames), list(cores)
+
     # -- messaging -------------------------------------------------------------------------------------------------
 
     def _fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
@@ -264,6 +278,7 @@ class TcpTransport:
         return self._sock(peer).fileno()
 
     def send(self, peer: int, data) -> None:
+        """Send all of ``data`` (bytes or a memoryview) to ``peer``."""
         sock = self._sock(peer)
         try:
             sock.sendall(data)
@@ -293,6 +308,7 @@ class TcpTransport:
         return future
 
     def recv_into(self, peer: int, view: memoryview) -> None:
+        """Fill ``view`` with the next bytes from ``peer``."""
         sock = self._sock(peer)
         try:
             wire.recv_exact(sock, view)
@@ -300,6 +316,7 @@ class TcpTransport:
             raise self._fail(peer, exc) from None
 
     def send_obj(self, peer: int, message) -> None:
+        """Send one control message (primitives only, see :mod:`horovod.transport.wire`)."""
         sock = self._sock(peer)
         try:
             wire.send_frame(sock, wire.encode(message))
@@ -307,6 +324,7 @@ class TcpTransport:
             raise self._fail(peer, exc) from None
 
     def recv_obj(self, peer: int):
+        """Receive one control message."""
         sock = self._sock(peer)
         try:
             return wire.decode(wire.recv_frame(sock))
@@ -314,6 +332,7 @@ class TcpTransport:
             raise self._fail(peer, exc) from None
 
     def close(self) -> None:
+        """Close every connection and stop the sender threads; later calls raise HorovodInternalError."""
         for listener in (self._listener, self._unix_listener):
             if listener is not None:
                 listener.close()

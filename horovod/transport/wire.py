@@ -22,6 +22,8 @@ from typing import Any
 
 from horovod.common.exceptions import HorovodInternalError
 
+__all__ = ["MAGIC", "MAX_CONTROL_BYTES", "encode", "decode", "recv_exact", "send_frame", "recv_frame", "handshake"]
+
 MAGIC = b"HVDPY1\0\0"
 MAX_CONTROL_BYTES = 64 * 1024 * 1024
 _LEN = struct.Struct("!I")
@@ -34,10 +36,16 @@ class _NoClassUnpickler(pickle.Unpickler):
 
 
 def encode(message: Any) -> bytes:
+    """A control message (primitives only) as bytes."""
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def decode(payload: bytes) -> Any:
+    """A control message from bytes, refusing every class.
+
+    Raises:
+        HorovodInternalError: the bytes are not a valid message.
+    """
     try:
         return _NoClassUnpickler(io.BytesIO(payload)).load()
     except Exception as exc:  # any garbage must become one clear error, never a crash elsewhere
@@ -56,12 +64,14 @@ def recv_exact(sock: socket.socket, view: memoryview) -> None:
 
 
 def send_frame(sock: socket.socket, payload: bytes) -> None:
+    """Send ``payload`` as one length-prefixed frame."""
     sock.sendall(_LEN.pack(len(payload)) + payload if len(payload) < 65536 else _LEN.pack(len(payload)))
     if len(payload) >= 65536:
         sock.sendall(payload)
 
 
 def recv_frame(sock: socket.socket) -> bytes:
+    """Receive one length-prefixed frame (size-capped)."""
     header = bytearray(_LEN.size)
     recv_exact(sock, memoryview(header))
     (length,) = _LEN.unpack(header)

@@ -1,0 +1,87 @@
+"""Allreduce: which algorithm reduces a flat buffer over a group, and how Adasum is composed.
+
+In order of preference: shared memory (every rank of the group on this host, and the buffer at least
+``HOROVOD_SHM_MIN_BYTES``), hierarchical (``HOROVOD_HIERARCHICAL_ALLREDUCE`` and a group spanning hosts), the
+exchange (up to ``ring.EXCHANGE_MAX_BYTES``: one hop, latency-bound), the ring (bandwidth-bound). Every rank of a
+group chooses alike, since the choice reads only the group, the settings every rank agrees on and the buffer's size.
+Adasum gathers every rank's buffer and combines them tensor by tensor (``adasum.adasum_reduce``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from horovod.algorithms import adasum, hierarchical, reduction, ring, shm_collectives
+from horovod.algorithms.buffers import Buffers
+from horovod.algorithms.collectives import use_shm
+from horovod.algorithms.group import Group
+from horovod.common.types import ReduceOp
+
+__all__ = ["SHM", "HIERARCHICAL", "EXCHANGE", "RING", "choose", "allreduce", "adasum_allreduce"]
+
+# The algorithms, named as the timeline names their activity.
+SHM, HIERARCHICAL, EXCHANGE, RING = "SHM_ALLREDUCE", "HIERARCHICAL_ALLREDUCE", "EXCHANGE_ALLREDUCE", "RING_ALLREDUCE"
+
+
+def choose(group: Group, nbytes: int) -> str:
+    """The algorithm that reduces ``nbytes`` over ``group`` (SHM, HIERARCHICAL, EXCHANGE or RING)."""
+    if group.hierarchy is not None:
+        return HIERARCHICAL
+    if use_shm(group, nbytes):
+        return SHM
+    return EXCHANGE if nbytes <= ring.EXCHANGE_MAX_BYTES else RING
+
+
+def allreduce(group: Group, buf: np.ndarray, reduce_op: int, prescale: float, postscale: float,
+              counts: Sequence[int], buffers: Buffers, activity: Optional[Callable[[str], None]] = None) -> None:
+    """Reduce the flat contiguous ``buf`` in place over ``group``: every contribution times ``prescale``, the
+    result times ``postscale`` (and divided by the group's size for Average).
+
+    Args:
+        counts: the elements of each tensor packed in ``buf`` (Adasum combines tensor by tensor).
+        buffers: scratch space that persists between calls.
+        activity: called with the algorithm's name as it starts (for the timeline), if given.
+    """
+    if reduce_op == ReduceOp.ADASUM:
+        if activity:
+            activity("ADASUM_ALLREDUCE")
+        adasum_allreduce(group, buf, counts, buffers)
+        reduction.scale(buf, prescale * postscale)
+        return
+    reduction.scale(buf, prescale)
+    post = postscale / group.size if reduce_op == ReduceOp.AVERAGE else postscale
+    ufunc = reduction.ufunc_for(reduce_op)
+    algorithm = choose(group, buf.nbytes)
+    if activity:
+        activity(algorithm)
+    total, size = buf.size, group.size
+    if algorithm == SHM:
+        shm_collectives.allreduce(group, buf, ufunc, post)     # scales on the way out of shared memory
+        return
+    if algorithm == HIERARCHICAL:
+        hierarchical.allreduce(group.hierarchy, buf, ufunc, buffers.get("scratch", buf.dtype, -(-total // 2) + 1))
+    elif algorithm == EXCHANGE:
+        ring.exchange_allreduce(group, buf, ufunc, buffers.get("scratch", buf.dtype, (size - 1) * total + 1))
+    else:
+        ring.ring_allreduce(group, buf, ufunc, buffers.get("scratch", buf.dtype, -(-total // size) + 1))
+    reduction.scale(buf, post)
+
+
+def adasum_allreduce(group: Group, buf: np.ndarray, counts: Sequence[int], buffers: Buffers) -> None:
+    """Combine ``buf`` over ``group`` with Adasum, tensor by tensor: every rank gathers every buffer (a ring
+    allgather) and combines the same pairs in the same order, so every rank gets the same bits."""
+    size = group.size
+    if size == 1:
+        return
+    gathered = buffers.get("adasum", buf.dtype, buf.size * size)
+    raw = gathered.reshape(-1).view(np.uint8)
+    per = buf.size * buf.itemsize
+    raw[group.index * per:(group.index + 1) * per] = buf.reshape(-1).view(np.uint8)
+    ring.ring_allgatherv(group, raw, [per] * size)
+    contributions = [gathered[i * buf.size:(i + 1) * buf.size] for i in range(size)]
+    bounds = [0]
+    for count in counts:
+        bounds.append(bounds[-1] + count)
+    np.copyto(buf, adasum.adasum_reduce(contributions, bounds))

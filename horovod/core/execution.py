@@ -1,0 +1,86 @@
+"""Execution: what a negotiation decided for one process set, run on this rank's buffers, and the handles completed.
+
+A batch of allreduces whose data came with the negotiation is folded here (:mod:`horovod.core.negotiation.inline`);
+every other batch is merged into one response and executed by :func:`horovod.core.ops.execute`. An ERROR response
+fails its tensors (a mismatch with :class:`TensorMismatchError`, a stall past the shutdown time with
+:class:`HorovodInternalError`) and the job goes on. Executed responses are recorded in the set's response cache in
+the order they ran, identically on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
+from horovod.common.types import OpType, Response, nbytes
+from horovod.core import fusion
+from horovod.core.controller import FATAL_ERROR
+from horovod.core.negotiation.base import Batch
+from horovod.core.negotiation.inline import allreduce_contributions
+from horovod.core.ops import Buffers, Entry, execute
+from horovod.core.set_state import SetState
+
+__all__ = ["Executor", "complete"]
+
+
+class Executor:
+    """Runs decided batches for the engine; holds the persistent work buffers and what autotune scores."""
+
+    def __init__(self, timeline, apply_set_change: Callable[[Response], Any], count_bytes: bool = False):
+        self.timeline = timeline
+        self.buffers = Buffers()
+        self.joined = False             # this rank has joined and the join has not completed yet
+        self.cycle_bytes = 0            # bytes allreduced since autotune last took them
+        self._count_bytes = count_bytes
+        self._apply_set_change = apply_set_change
+
+    def run(self, state: SetState, batches: List[Batch]) -> None:
+        """Execute ``state``'s batches in order and record them in its response cache."""
+        executed: List[Response] = []
+        for batch in batches:
+            self._run_batch(state, batch, executed)
+        state.cache.record(executed)
+
+    def _run_batch(self, state: SetState, batch: Batch, executed: List[Response]) -> None:
+        response = fusion.merge(batch.responses)
+        with state.lock:
+            entries = {name: state.entries[name] for name in response.names if name in state.entries}
+        if response.op == OpType.ERROR:
+            fatal = response.payload == (FATAL_ERROR,)
+            complete(state, entries, error=(HorovodInternalError if fatal else TensorMismatchError)(response.error))
+            return
+        if response.op == OpType.JOIN:
+            self.joined = False
+            with state.lock:
+                entries = {"join": state.entries["join"]} if "join" in state.entries else {}
+        tl = self.timeline
+        if tl is not None:
+            tl.start(response)
+        if batch.contributions is not None:
+            if tl is not None:
+                tl.activity(response, "NEGOTIATED_DATA_ALLREDUCE")
+            results = allreduce_contributions(response, entries, batch.contributions, self.buffers)
+        else:
+            results = execute(response, entries, state.group, self.buffers,
+                              (lambda activity: tl.activity(response, activity)) if tl is not None else None)
+        if tl is not None:
+            tl.end(response)
+        if response.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+            results = {name: self._apply_set_change(response) for name in results}
+        complete(state, entries, results=results)
+        executed.extend(batch.responses)
+        if self._count_bytes and response.op == OpType.ALLREDUCE:
+            self.cycle_bytes += sum(nbytes(response.dtype, shape) for shape in response.shapes)
+
+
+def complete(state: SetState, entries: Dict[str, Entry], results: Optional[Dict[str, Any]] = None,
+             error: Optional[BaseException] = None) -> None:
+    """Hand each entry its result (or ``error``) and forget it in ``state``."""
+    with state.lock:
+        for name in entries:
+            state.entries.pop(name, None)
+    for name, entry in entries.items():
+        if error is not None:
+            entry.handle.set_exception(error)
+        else:
+            entry.handle.set_result(results.get(name))

@@ -1,0 +1,119 @@
+"""The protocol between the engine and a negotiation, and what both protocols share.
+
+The engine drives a :class:`Negotiation` in two calls per cycle: :meth:`Negotiation.await_cycle` returns once the
+next cycle starts on this rank (it sleeps through :meth:`Loop.select`, so a waiting caller may run it), then
+:meth:`Negotiation.negotiate` says, for each process set in id order, what to execute. A protocol owns every piece
+of state it needs between those calls; it reads the engine only through :class:`Loop`, and never calls back into the
+engine's cycle.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import Request, Response
+from horovod.core.controller import Message, StallReport
+from horovod.core.set_state import IDLE, NEW, PENDING, SetState
+from horovod.core.waiters import Waiters, Wakeup
+from horovod.transport.base import Transport
+
+__all__ = ["POLL_SECONDS", "IDLE", "PENDING", "NEW", "Batch", "Loop", "Negotiation", "decode_message",
+           "report_stalls", "plain_batches"]
+
+POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
+log = logging.getLogger("horovod")
+
+
+class Batch(NamedTuple):
+    """Responses that execute together; ``contributions[p]`` is the input of the member at position p for all of
+    them, in order, when their data came with the negotiation (then nothing travels to execute them)."""
+
+    responses: List[Response]
+    contributions: Optional[List[bytes]] = None
+
+
+class Loop(Protocol):
+    """What the engine lends a negotiation: the job, its process sets, who waits, and the loop's one way to sleep."""
+
+    rank: int
+    size: int
+    transport: Transport
+    timeline: Any                   # horovod.timeline.Timeline, or None
+    sets: Dict[int, SetState]       # by id; changed only between cycles, by the loop itself
+    waiters: Waiters
+    wake: Wakeup
+    cycle_time: float               # seconds (HOROVOD_CYCLE_TIME, or autotune's choice)
+
+    def shutting_down(self) -> bool:
+        """Whether this rank asked the job to stop."""
+
+    def select(self, fds: list, timeout: Optional[float]) -> list:
+        """Wait for some of ``fds`` to be readable; the engine may lend the loop to a waiting caller meanwhile."""
+
+    def batch_spacing(self) -> float:
+        """How long requests gather before a cycle nobody waits for."""
+
+    def work(self) -> int:
+        """NEW when requests wait to be negotiated (or shutdown), PENDING when only answers are awaited, else IDLE."""
+
+
+class Negotiation(abc.ABC):
+    """One way for the ranks to agree, cycle by cycle, on what every member of a process set executes."""
+
+    name = ""                           # "peer" or "star"
+    every_member_coordinates = False    # whether every member of a set runs its Coordinator
+    presented = False                   # this rank's messages for the coming cycle are out: it waits for the cycle
+
+    def __init__(self, loop: Loop):
+        self.loop = loop
+
+    def start(self) -> None:
+        """The connections are up: learn what to listen to."""
+
+    @abc.abstractmethod
+    def await_cycle(self) -> None:
+        """Send what is due and wait until the next cycle starts on this rank (through ``loop.select``).
+
+        Raises:
+            HorovodInternalError: a peer failed, hung or sent something malformed.
+        """
+
+    @abc.abstractmethod
+    def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+        """One process set's negotiation in the cycle that started: (the job shuts down, batches in order)."""
+
+    def wake_on_wait(self) -> bool:
+        """Whether a thread starting to wait on a handle must wake the loop (a cycle or a message may be due)."""
+        return True
+
+    def forget(self, set_id: int) -> None:
+        """A process set was removed: drop whatever is held for it."""
+
+
+def decode_message(data) -> Message:
+    """A message from its wire form (a tuple of primitives).
+
+    Raises:
+        HorovodInternalError: the message is malformed.
+    """
+    if not (isinstance(data, tuple) and len(data) == 3 and isinstance(data[0], bool)
+            and isinstance(data[1], (list, tuple)) and all(isinstance(b, int) for b in data[1])
+            and isinstance(data[2], (list, tuple))):
+        raise HorovodInternalError(f"malformed negotiation message {data!r:.200}")
+    return Message(data[0], tuple(data[1]), tuple(Request.from_wire(r) for r in data[2]))
+
+
+def report_stalls(reports: Sequence[StallReport]) -> None:
+    """Log the stall inspector's reports, in Horovod's words."""
+    for report in reports:
+        log.warning("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+                    "ranks and are waiting for remainder of ranks for more than %.0f seconds. Stalled "
+                    "tensor %s, missing ranks: %s", report.waited, report.name, list(report.missing_ranks))
+
+
+def plain_batches(batches: List[List[Response]]) -> List[Batch]:
+    """Batches whose data travels in the data phase."""
+    return [Batch(batch) for batch in batches]

@@ -1,0 +1,217 @@
+"""Peer negotiation: how the ranks of a small job agree on what to execute without a coordinator in the middle.
+
+Every rank sends one frame per cycle to every other rank, with its messages for every process set it belongs to;
+every member of a set runs the set's coordinator (a pure function of the messages) and so decides the same batches,
+errors and cache bits as every other member, with no reply to wait for: a tensor is ready one network hop after its
+last rank submitted it, where the star through rank 0 needs two. Small allreduces carry their data in the frame and
+are folded by every member, with no data phase (:mod:`horovod.core.negotiation.inline`). The design and its
+measurements: docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from typing import Dict, List, Optional, Tuple
+
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import OpType
+from horovod.core.controller import Message
+from horovod.core.negotiation import inline
+from horovod.core.negotiation.base import POLL_SECONDS, Batch, Loop, Negotiation, decode_message, report_stalls
+from horovod.core.response_cache import split_hits
+from horovod.core.set_state import SetState
+
+__all__ = ["PeerNegotiation"]
+
+_EMPTY_MESSAGE = Message(False, (), ())
+
+
+def _is_peer_frame(frame) -> bool:
+    """("p", the sender's clock, {set id: message}): one rank's messages for one cycle."""
+    return isinstance(frame, tuple) and len(frame) == 3 and frame[0] == "p" and isinstance(frame[1], float) \
+        and isinstance(frame[2], dict)
+
+
+def _is_urgent(frame, member_sets) -> bool:
+    """A peer frame that needs an answer even from a rank with nothing pending: shutdown, a join, or requests for a
+    process set this rank is not in (it cannot submit there, and that set's cycle waits for its frame)."""
+    try:
+        return any(set_id not in member_sets or message[0] or any(r[1] == OpType.JOIN for r in message[2])
+                   for set_id, message in frame[2].items())
+    except (TypeError, IndexError, AttributeError):
+        return True     # malformed: the cycle decodes it and reports the error
+
+
+class PeerNegotiation(Negotiation):
+    """Every rank sends its messages to every other rank, and every member of a set decides alike.
+
+    A frame is due when this rank has requests (at once while a caller waits or polls, else after the batch
+    spacing, so that a burst of gradients travels together), when a peer's frame waits and this rank has tensors
+    it might complete (or the frame carries a shutdown or a join), and otherwise every poll interval while
+    anything waits, for the stall checks. One frame per rank and cycle: a peer's next frame is read only after this
+    cycle ran, so it never lands in the middle of the data phase.
+    """
+
+    name = "peer"
+    every_member_coordinates = True
+
+    def __init__(self, loop: Loop):
+        super().__init__(loop)
+        self._peers: Dict[int, int] = {}                # connection fd -> rank
+        self._inbox: Dict[int, tuple] = {}              # each peer's frame for the coming cycle
+        self._inbox_since: Optional[float] = None
+        self._frames: Dict[int, tuple] = {}             # ... and for the cycle that runs
+        self._own: Dict[int, Message] = {}              # what this rank sent for it, by set id
+        self._own_clock = 0.0
+        self._queued_since: Optional[float] = None      # when this rank's queues became non-empty
+        self._last_start = float("-inf")
+        self.held = inline.HeldData()
+
+    def start(self) -> None:
+        """Listen to every other rank."""
+        loop = self.loop
+        self._peers = {loop.transport.fileno(p): p for p in range(loop.size) if p != loop.rank}
+
+    def wake_on_wait(self) -> bool:
+        """A waiting thread makes this rank's frame due at once (rank 0 always wakes, as it did under the star)."""
+        return self.loop.rank == 0 or not self.presented
+
+    def forget(self, set_id: int) -> None:
+        """Drop the data held for a removed set."""
+        self.held.forget(set_id)
+
+    def await_cycle(self) -> None:
+        """Send this rank's frame when due, then return once every peer's frame for the cycle has arrived.
+
+        Raises:
+            HorovodInternalError: a peer stayed silent past the transport's timeout, or sent something else.
+        """
+        loop = self.loop
+        while True:
+            timeout = None
+            if not self.presented:
+                now = time.monotonic()
+                timeout = self._frame_due(now)
+                if timeout is not None and timeout <= 0:
+                    self._send_frame(now)
+                    timeout = None
+            if self.presented and len(self._inbox) == loop.size - 1:
+                break
+            waiting = [fd for fd, peer in self._peers.items() if peer not in self._inbox]
+            if self.presented and loop.transport.timeout > 0:
+                timeout = self._liveness_bound(waiting, timeout)
+            self._read(loop.select([loop.wake.reader] + waiting, timeout))
+        self.presented = False
+        self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
+        self._last_start = time.monotonic()
+
+    def _liveness_bound(self, waiting: List[int], timeout: Optional[float]) -> float:
+        """A live peer answers a frame within a poll interval, idle or not: one silent for the transport's timeout
+        is hung or cut off (an idle star follower would never be asked). What already arrived is read first: this
+        process may have been the one paused."""
+        transport = self.loop.transport
+        left = self._own_clock + transport.timeout - time.monotonic()
+        if left <= 0 and not select.select(waiting, [], [], 0)[0]:
+            raise transport.silent(self._peers[waiting[0]])
+        return max(left, 0.0) if timeout is None else min(timeout, max(left, 0.0))
+
+    def _read(self, readable: list) -> None:
+        loop = self.loop
+        for fd in readable:
+            if fd is loop.wake.reader:
+                loop.wake.drain()
+                continue
+            peer = self._peers[fd]
+            if peer in self._inbox:
+                continue    # read by a caller that ran the loop meanwhile (the list was made before)
+            frame = loop.transport.recv_obj(peer)
+            if not _is_peer_frame(frame):
+                raise HorovodInternalError(f"rank {loop.rank} expected rank {peer}'s negotiation frame, got "
+                                           f"{frame!r:.100} (is HOROVOD_NEGOTIATION the same on every rank?)")
+            self._inbox[peer] = frame
+            if self._inbox_since is None:
+                self._inbox_since = time.monotonic()
+
+    def _frame_due(self, now: float) -> Optional[float]:
+        """In how long this rank's frame for the next cycle is due (<= 0: now; None: not yet)."""
+        loop = self.loop
+        sets = loop.sets
+        shutdown = loop.shutting_down()
+        if shutdown or any(state.queue for state in sets.values() if state.index >= 0):
+            if self._queued_since is None:
+                self._queued_since = now
+            # Only for a caller waiting or polling now, not for a latency-bound past (waited stays set after a
+            # driven cycle): a step that submits 200 gradients and then waits would send the first one from
+            # whichever thread looks first, and take two cycles.
+            waiters = loop.waiters
+            if waiters.blocked > 0 or waiters.polled or self._inbox or shutdown:
+                return 0.0
+            return self._queued_since + loop.batch_spacing() - now
+        pending = any(state.entries for state in sets.values() if state.index >= 0)
+        if self._inbox:
+            member_sets = {set_id for set_id, state in sets.items() if state.index >= 0}
+            if pending or any(_is_urgent(frame, member_sets) for frame in self._inbox.values()):
+                return 0.0
+            return self._inbox_since + POLL_SECONDS - now
+        if pending:
+            return self._last_start + POLL_SECONDS - now
+        return None
+
+    def _send_frame(self, now: float) -> None:
+        """Send this rank's messages for the next cycle to every peer, with the data of small allreduces."""
+        loop = self.loop
+        own: Dict[int, Message] = {}
+        wire: Dict[int, tuple] = {}
+        budget = inline.INLINE_FRAME_BYTES
+        for set_id, state in loop.sets.items():
+            if state.index < 0:
+                continue
+            requests = state.drain()
+            data: Dict[str, bytes] = {}
+            if len(state.ranks) == loop.size:       # (only where every peer is a member: the frame goes to all)
+                data, budget = inline.collect(requests, state.entries, budget)
+            hits, full = split_hits(state.cache, state.last_requests, requests)
+            shutdown = loop.shutting_down() if set_id == 0 else False
+            if shutdown or hits or full:
+                own[set_id] = Message(shutdown, tuple(hits), tuple(full))
+                wire[set_id] = (shutdown, hits, [r.to_wire() for r in full], data)
+            if data:
+                self.held.hold(set_id, state.index, data)
+        frame = ("p", now, wire)
+        for peer in self._peers.values():
+            loop.transport.send_obj(peer, frame)
+        self._own, self._own_clock = own, now
+        self.presented = True
+        self._queued_since = None
+
+    def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+        """This member's coordinator decides the set's batches from every member's message."""
+        messages = []
+        clock = 0.0
+        for position, rank in enumerate(state.ranks):
+            if rank == self.loop.rank:
+                message, sent_at = self._own.get(state.id, _EMPTY_MESSAGE), self._own_clock
+            else:
+                message, sent_at = self._message(state, position, rank)
+            if position == 0:
+                clock = sent_at     # stall times by one clock, so that every member decides alike
+            messages.append(message)
+        batches, stop, reports = state.coordinator.step(messages, clock)
+        if state.index == 0:
+            report_stalls(reports)
+        if self.loop.timeline is not None:
+            self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
+        return stop, self.held.batches(state.id, len(state.ranks), batches)
+
+    def _message(self, state: SetState, position: int, rank: int) -> Tuple[Message, float]:
+        """The message of the member at ``position`` (global ``rank``) and its clock; its data is held."""
+        frame = self._frames[rank]
+        data = frame[2].get(state.id)
+        if data is None:
+            return _EMPTY_MESSAGE, frame[1]
+        if not (isinstance(data, tuple) and len(data) in (3, 4)):
+            raise HorovodInternalError(f"malformed negotiation message {data!r:.200} from rank {rank}")
+        if len(data) > 3 and data[3]:
+            self.held.hold(state.id, position, inline.checked(data[3], rank))
+        return decode_message(data[:3]), frame[1]

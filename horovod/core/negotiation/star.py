@@ -1,0 +1,322 @@
+"""Star negotiation: rank 0 coordinates, for jobs above 4 ranks or with more ranks than cores on a host.
+
+Every rank sends its requests to rank 0 (a follower ahead of the cycle, unasked: its *early message*), whose
+coordinator decides and replies with the batches to execute, cached responses as bits. Rank 0 starts a cycle (a GO
+frame, or the reply itself for a follower whose message is already there) only when it can make something ready,
+so a backward pass does not pay a cycle per gradient. Rank 0 plays :class:`StarRoot`, every other rank
+:class:`StarFollower`. The design and its measurements: docs/engine.md, "When a cycle runs (star)".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Set, Tuple
+
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import OpType, Response
+from horovod.core.controller import Message
+from horovod.core.negotiation.base import (IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation, decode_message,
+                                           plain_batches, report_stalls)
+from horovod.core.response_cache import split_hits
+from horovod.core.set_state import SetState
+
+__all__ = ["StarNegotiation", "StarRoot", "StarFollower", "GO", "ANNOUNCED_POLL_SECONDS"]
+
+GO = ("go",)
+ANNOUNCED_POLL_SECONDS = 0.01   # rank 0 looks again this often while a follower's early message waits for a cycle
+
+
+def _is_early_message(frame) -> bool:
+    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "msg"
+
+
+def _is_reply(frame) -> bool:
+    return isinstance(frame, tuple) and len(frame) == 2 and isinstance(frame[1], list)
+
+
+def _is_want(frame) -> bool:
+    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] == NEW
+
+
+def _encode(response: Response, bit: Optional[int]):
+    return response.to_wire() if bit is None else bit
+
+
+def _message(state: SetState, shutdown: bool) -> tuple:
+    """This rank's message for ``state``: its new requests, cached ones as bits."""
+    hits, full = split_hits(state.cache, state.last_requests, state.drain())
+    return (shutdown, hits, [r.to_wire() for r in full])
+
+
+class StarNegotiation(Negotiation):
+    """What both roles of the star do per set: the set's first rank decides and replies, the others ask."""
+
+    name = "star"
+
+    def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+        """One set's negotiation: its first rank decides and replies, the others send their message and read the
+        reply."""
+        if state.coordinator is not None:
+            return self._coordinate(state, shutdown)
+        sent, reply = self._answered(state)
+        transport = self.loop.transport
+        coordinator = state.ranks[0]
+        if not sent:
+            transport.send_obj(coordinator, _message(state, shutdown))
+        if reply is None:
+            reply = transport.recv_obj(coordinator)
+        if not _is_reply(reply):
+            raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
+        try:
+            batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
+                       for batch in reply[1]]
+        except (KeyError, ValueError, TypeError) as exc:
+            raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
+        return bool(reply[0]), plain_batches(batches)
+
+    def _coordinate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+        hits, full = split_hits(state.cache, state.last_requests, state.drain())
+        messages = [Message(shutdown, tuple(hits), tuple(full))]
+        for peer in state.ranks[1:]:
+            messages.append(decode_message(self._recv_message(state, peer)))
+        batches, stop, reports = state.coordinator.step(messages, time.monotonic())
+        report_stalls(reports)
+        if self.loop.timeline is not None:
+            self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
+        cached_bit = state.cache.cached_bit
+        encoded = [[_encode(r, cached_bit(r)) for r in batch] for batch in batches]
+        for peer in state.ranks[1:]:
+            self.loop.transport.send_obj(peer, (stop, encoded))
+        return stop, plain_batches(batches)
+
+    def _recv_message(self, state: SetState, peer: int):
+        """The next negotiation message from ``peer``, skipping cycle requests that this cycle already answers."""
+        while True:
+            frame = self.loop.transport.recv_obj(peer)
+            if _is_early_message(frame):
+                return frame[1]
+            if not _is_want(frame):
+                return frame
+
+    def _answered(self, state: SetState) -> Tuple[bool, Optional[tuple]]:
+        """Whether this rank's message for ``state`` went out before the cycle (its early message), and the reply
+        that came with the cycle start, if one did."""
+        return False, None
+
+
+class StarRoot(StarNegotiation):
+    """Rank 0: starts a cycle when one can make a tensor ready, and coordinates the global set."""
+
+    def __init__(self, loop: Loop):
+        super().__init__(loop)
+        self._followers: Dict[int, int] = {}        # connection fd -> rank
+        self._early: Dict[int, tuple] = {}          # followers' global-set messages, by rank, until the cycle
+        self._early_names: Dict[int, Set[str]] = {}  # the names each early message announces, until the cycle
+        self._early_urgent = False                  # an early message carries a join or shutdown
+        self._wanted = IDLE                         # the most urgent cycle request read from a follower
+        self._last_start = float("-inf")            # when the last cycle started
+
+    def start(self) -> None:
+        """Listen to every follower."""
+        self._followers = {self.loop.transport.fileno(p): p for p in range(1, self.loop.size)}
+
+    def await_cycle(self) -> None:
+        """Wait until a cycle can make a tensor ready, then start it.
+
+        A tensor becomes ready when its last rank submits it, so a cycle starts when a name that rank 0 itself just
+        submitted, or that a follower just announced (its early message), has now been submitted by every rank of
+        the global set; at once for anything rank 0 cannot look into (other process sets, shutdown, a join). While
+        ranks merely wait for each other nothing is exchanged: during a backward pass every gradient would
+        otherwise cost a cycle on every rank, which on a busy CPU is time taken from the computation. A slow poll
+        (at least ``HOROVOD_CYCLE_TIME``) still runs while anything is pending, for stall checks.
+        """
+        loop = self.loop
+        while not self._due():
+            pass
+        loop.wake.drain()
+        self._last_start = time.monotonic()
+        for peer in range(1, loop.size):
+            # A rank whose message for this cycle is already here learns that the cycle started from the
+            # global set's reply itself: one frame (and one wake-up on that rank) less per cycle.
+            if peer not in self._early:
+                loop.transport.send_obj(peer, GO)
+        self._wanted = IDLE
+        self._early_names.clear()
+        self._early_urgent = False
+
+    def _due(self) -> bool:
+        """Sleep once until something changes; True when the cycle starts now."""
+        loop = self.loop
+        if self._wanted == NEW or self._cycle_is_useful():
+            # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles
+            # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a waiting caller starts one at once.
+            spacing = self._last_start + loop.batch_spacing() - time.monotonic()
+            if loop.waiters.blocked > 0 or loop.waiters.latency_bound() or spacing <= 0:
+                return True
+            loop.select([loop.wake.reader], spacing)
+            loop.wake.drain()
+            return False
+        timeout = None
+        if self._early_names:
+            # A follower that has sent its message stays silent until the cycle: requests it made since
+            # are only seen by polling, soon (rank 0's own new requests start a cycle at once, above).
+            timeout = self._last_start + max(loop.cycle_time, ANNOUNCED_POLL_SECONDS) - time.monotonic()
+        elif loop.work() != IDLE or loop.sets[0].coordinator.waiting():
+            timeout = self._last_start + max(loop.cycle_time, POLL_SECONDS) - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            return True
+        for fd in loop.select([loop.wake.reader] + list(self._followers), timeout):
+            if fd is loop.wake.reader:
+                loop.wake.drain()
+            else:
+                self._wanted = max(self._wanted, self._expect_want(self._followers[fd]))
+        return False
+
+    def _cycle_is_useful(self) -> bool:
+        """Could a cycle started now make something ready (or must it run regardless)?"""
+        loop = self.loop
+        if loop.shutting_down() or self._early_urgent:
+            return True
+        for set_id, state in loop.sets.items():
+            if set_id != 0 and state.index >= 0 and state.queue:
+                return True
+        state = loop.sets[0]
+        if loop.size == 1:
+            return bool(state.queue)
+        queued = list(state.queue)
+        if queued and self._early_names:
+            return True     # our new requests may complete what a silent follower submitted after its message
+        if any(r.op == OpType.JOIN for r in queued):
+            return True
+        if not self._early_names and state.coordinator.quiet():
+            return False    # no other rank's submission is known: nothing can be ready (checked per wake-up)
+        return self._completes([r.name for r in queued], state)
+
+    def _completes(self, candidates: List[str], state: SetState) -> bool:
+        """Whether some queued or announced name has now been submitted by every rank of the global set."""
+        early, entries, coordinator = self._early_names, state.entries, state.coordinator
+        for names in early.values():
+            candidates.extend(names)
+        for name in candidates:
+            if name not in entries and not coordinator.has(name, 0):
+                continue
+            for index in range(1, self.loop.size):
+                announced = early.get(index)
+                if not ((announced is not None and name in announced) or coordinator.has(name, index)):
+                    break
+            else:
+                return True
+        return False
+
+    def _recv_message(self, state: SetState, peer: int):
+        if state.id == 0 and peer in self._early:
+            return self._early.pop(peer)
+        return super()._recv_message(state, peer)
+
+    def _expect_want(self, peer: int) -> int:
+        """Read what an idle rank sent: a cycle request, or its global-set message for the next cycle."""
+        frame = self.loop.transport.recv_obj(peer)
+        if _is_early_message(frame):
+            if peer in self._early:
+                raise HorovodInternalError(f"rank {peer} sent two messages for one cycle")
+            self._early[peer] = frame[1]
+            self._announce(peer, frame[1])
+            return IDLE
+        if not _is_want(frame):
+            raise HorovodInternalError(f"rank 0 expected a cycle request from rank {peer}, got {frame!r:.100}")
+        return frame[1]
+
+    def _announce(self, peer: int, message) -> None:
+        """Note the names a follower's early message carries, for :meth:`_cycle_is_useful`."""
+        try:
+            shutdown, hits, requests = message
+            cache = self.loop.sets[0].cache
+            names = {cache.name(bit) for bit in hits}
+            names.update(r[0] for r in requests)
+            urgent = bool(shutdown) or any(r[1] == OpType.JOIN for r in requests)
+        except (TypeError, ValueError, KeyError, IndexError):
+            urgent, names = True, set()     # malformed: the cycle decodes it and reports the error
+        self._early_names[peer] = names
+        self._early_urgent = self._early_urgent or urgent
+
+
+class StarFollower(StarNegotiation):
+    """Every other rank: announces its global-set requests to rank 0 (or asks for a cycle) and waits for the start."""
+
+    def __init__(self, loop: Loop):
+        super().__init__(loop)
+        self._coordinator_fd: Optional[int] = None
+        self._reply: Optional[tuple] = None         # the global set's reply that started this cycle
+        self._asked = IDLE                          # what this rank asked rank 0 for since the last cycle
+        self._queued_since: Optional[float] = None  # when the global set's queue became non-empty
+
+    def start(self) -> None:
+        """Listen to rank 0."""
+        self._coordinator_fd = self.loop.transport.fileno(0)
+
+    def wake_on_wait(self) -> bool:
+        """A waiting thread makes the early message due at once."""
+        return not self.presented and bool(self.loop.sets[0].queue)
+
+    def await_cycle(self) -> None:
+        """Announce new requests to rank 0 (or ask it for a cycle); return when rank 0 starts the cycle.
+
+        Raises:
+            HorovodInternalError: rank 0 sent something other than a cycle start.
+        """
+        loop = self.loop
+        coordinator_fd = self._coordinator_fd
+        while True:
+            timeout = None
+            # After the early message nothing more may be sent until the cycle starts: rank 0 may already be
+            # executing, and a frame arriving then would land in the middle of the data phase.
+            if not self.presented and loop.work() == NEW:
+                if self._presentable():
+                    timeout = self._present(time.monotonic())
+                elif self._asked != NEW:
+                    # Work rank 0 cannot see (another set, shutdown): a cycle now.
+                    loop.transport.send_obj(0, ("want", NEW))
+                    self._asked = NEW
+            readable = loop.select([loop.wake.reader, coordinator_fd], timeout)
+            if loop.wake.reader in readable:
+                loop.wake.drain()
+            if coordinator_fd in readable:
+                frame = loop.transport.recv_obj(0)
+                if frame != GO:
+                    if not (self.presented and _is_reply(frame)):
+                        raise HorovodInternalError(f"rank {loop.rank} expected a cycle start from rank 0, got "
+                                                   f"{frame!r:.100}")
+                    self._reply = frame      # the answer to the message we presented: the cycle has started
+                self._asked = IDLE
+                return
+
+    def _presentable(self) -> bool:
+        """Only global-set requests wait, which the early message can carry."""
+        sets = self.loop.sets
+        return bool(sets[0].queue) and not self.loop.shutting_down() and not any(
+            state.queue for set_id, state in sets.items() if set_id != 0)
+
+    def _present(self, now: float) -> Optional[float]:
+        """Send the global set's message for the next cycle if it is due, else say in how long.
+
+        Sent right away instead of asking for a cycle and then sending it: one network hop less, and rank 0 sees
+        which names it completes. While nobody here waits for results, requests are gathered for the batch spacing
+        first, so that the message (and the cycle it completes) carries a burst of gradients rather than one.
+        """
+        loop = self.loop
+        if self._queued_since is None:
+            self._queued_since = now
+        timeout = self._queued_since + loop.batch_spacing() - now
+        if loop.waiters.blocked > 0 or loop.waiters.latency_bound() or timeout <= 0:
+            loop.transport.send_obj(0, ("msg", _message(loop.sets[0], loop.shutting_down())))
+            self.presented = True
+            self._queued_since = None
+            return None
+        return timeout
+
+    def _answered(self, state: SetState) -> Tuple[bool, Optional[tuple]]:
+        if state.id == 0 and self.presented:
+            self.presented = False          # this cycle answers the message we sent while idle
+            reply, self._reply = self._reply, None
+            return True, reply
+        return False, None
