@@ -12,6 +12,8 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
+__all__ = ["check_tensor", "numpy_view", "as_input", "as_output", "to_tensor"]
+
 _GPU_MESSAGE = ("horovod-py supports only CPU tensors for now, but got a tensor on {device}. Move it to the CPU "
                 "with tensor.cpu() before the collective (and the result back with .to(device)) until GPU support "
                 "exists.")

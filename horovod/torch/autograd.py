@@ -1,10 +1,5 @@
-"""The synchronous, differentiable collectives, with Horovod's gradients.
-
-- allreduce / grouped_allreduce: the gradient is the same allreduce (same op and scale factors) of the gradient.
-- allgather: the averaged allreduce of the gradient, of which each rank keeps its own rows.
-- broadcast: the averaged allreduce of the gradient on the root, zeros elsewhere.
-- alltoall: the gradient travels back by an alltoall with the received splits.
-- reducescatter: the allgather of the gradient, times the op's scale (1/size for Average, and the scale factors).
+"""The synchronous, differentiable collectives; their gradients are Horovod's, as written once in
+:mod:`horovod.runtime.collective_gradients` (this module only spells the primitives those rules use in torch).
 """
 
 from __future__ import annotations
@@ -13,11 +8,16 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from horovod.runtime import basics
+from horovod.runtime import collective_gradients as _grads
 from horovod.runtime import collectives as _c
+from horovod.runtime import gradient_policy as _policy
+from horovod.runtime.compression import compress_all, decompress_all
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 from horovod.torch.compression import Compression
+
+__all__ = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+           "grouped_reducescatter"]
 
 
 class _Allreduce(torch.autograd.Function):
@@ -29,9 +29,7 @@ class _Allreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        op, pre, post, process_set = ctx.args
-        grad = _Allreduce.apply(grad_output, None, op, pre, post, process_set)
-        return grad, None, None, None, None, None
+        return (_grads.allreduce_grad(_OPS, grad_output, *ctx.args),) + (None,) * 5
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -44,25 +42,19 @@ class _GroupedAllreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        op, pre, post, process_set = ctx.args
-        grads = _GroupedAllreduce.apply(None, op, pre, post, process_set, *grad_outputs)
-        return (None, None, None, None, None) + tuple(grads)
+        return (None,) * 5 + tuple(_grads.grouped_allreduce_grad(_OPS, grad_outputs, *ctx.args))
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        ctx.rows, ctx.process_set = (tensor.shape[0] if tensor.dim() else 1), process_set
+        ctx.shape, ctx.process_set = tensor.shape, process_set
         return _ops.synchronize(_ops.allgather_async(tensor, name=name, process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        process_set = ctx.process_set
-        grad = _Allreduce.apply(grad_output, None, _c.Average, 1.0, 1.0, process_set)
-        rows = _ops.synchronize(_ops.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
-                                                     process_set=process_set))
-        offset = int(rows[:process_set.rank()].sum())
-        return grad.narrow(0, offset, ctx.rows), None, None
+        like = torch.empty(ctx.shape, device="meta")    # the input's shape, without keeping the input
+        return _grads.allgather_grad(_OPS, grad_output, like, ctx.process_set), None, None
 
 
 class _Broadcast(torch.autograd.Function):
@@ -73,10 +65,7 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = _Allreduce.apply(grad_output, None, _c.Average, 1.0, 1.0, ctx.process_set)
-        if basics.rank() != ctx.root_rank:
-            grad = torch.zeros_like(grad)
-        return grad, None, None, None
+        return _grads.broadcast_grad(_OPS, grad_output, ctx.root_rank, ctx.process_set), None, None, None
 
 
 class _Alltoall(torch.autograd.Function):
@@ -89,30 +78,52 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, _grad_splits):
-        grad, _ = _Alltoall.apply(grad_output, ctx.received, None, ctx.process_set)
-        return grad, None, None, None
+        return _grads.alltoall_grad(_OPS, grad_output, ctx.received, ctx.process_set), None, None, None
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.process_set = process_set
-        ctx.scale = prescale_factor * postscale_factor / (process_set.size() if op == _c.Average else 1)
-        return _ops.synchronize(_ops.reducescatter_async(tensor, name=name, op=op, process_set=process_set,
-                                                         prescale_factor=prescale_factor,
-                                                         postscale_factor=postscale_factor))
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.args = (op, prescale_factor, postscale_factor, process_set)
+        kwargs = dict(name=name, op=op, process_set=process_set, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)
+        if len(tensors) == 1:
+            return _ops.synchronize(_ops.reducescatter_async(tensors[0], **kwargs))
+        return tuple(_ops.synchronize(_ops.grouped_reducescatter_async(tensors, **kwargs)))
 
     @staticmethod
-    def backward(ctx, grad_output):
-        grad = _Allgather.apply(grad_output, None, ctx.process_set)
-        grad = grad if ctx.scale == 1.0 else grad * ctx.scale
-        return grad, None, None, None, None, None
+    def backward(ctx, *grad_outputs):
+        return (None,) * 5 + tuple(_grads.reducescatter_grad(_OPS, grad_outputs, *ctx.args))
+
+
+def _grouped_allreduce(tensors, op, prescale_factor, postscale_factor, process_set) -> List[torch.Tensor]:
+    if len(tensors) == 1:
+        return [_Allreduce.apply(tensors[0], None, op, prescale_factor, postscale_factor, process_set)]
+    return list(_GroupedAllreduce.apply(None, op, prescale_factor, postscale_factor, process_set, *tensors))
+
+
+def _rows(tensor, counts, index, like):
+    offset = int(counts[:index].sum())
+    block = tensor.narrow(0, offset, int(counts[index]))
+    return block.reshape(like.shape)
+
+
+_OPS = _grads.GradientOps(
+    grouped_allreduce=_grouped_allreduce,
+    allgather=lambda t, ps: _Allgather.apply(t, None, ps),
+    alltoall=lambda t, splits, ps: _Alltoall.apply(t, splits, None, ps)[0],
+    scale=lambda t, factor: t * factor,
+    zeros_like=torch.zeros_like,
+    row_count=lambda x: torch.tensor([x.shape[0] if x.dim() else 1], dtype=torch.int64),
+    rows=_rows,
+)
 
 
 def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
               compression=Compression.none, op: Optional[int] = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Reduce ``tensor`` over the ranks of ``process_set`` and return the result (differentiable).
+    """Reduce ``tensor`` over the ranks of ``process_set`` and return the result (differentiable: the gradient is
+    the same allreduce of the output's gradient).
 
     Args:
         tensor: a CPU tensor, the same shape and dtype on every rank.
@@ -126,34 +137,44 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
         ValueError: ``op`` and ``average`` both given, a GPU tensor, or an op the dtype cannot take.
         TensorMismatchError: ranks disagree on shape, dtype or op.
     """
-    op = _c.resolve_op(op, average)
-    compressed, cctx = compression.compress(tensor)
-    output = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
-    return compression.decompress(output, cctx)
+    return _allreduce([tensor], False, average, name, compression, op, prescale_factor, postscale_factor,
+                      process_set)[0]
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None, name: Optional[str] = None,
                       compression=Compression.none, op: Optional[int] = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
-    """Allreduce a list of tensors as one group (differentiable); see :func:`allreduce`."""
-    op = _c.resolve_op(op, average)
-    compressed = [compression.compress(t) for t in tensors]
-    outputs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
-                                      *[t for t, _ in compressed])
-    return [compression.decompress(o, cctx) for o, (_, cctx) in zip(outputs, compressed)]
+    """Allreduce a list of tensors as one group, negotiated and fused together (differentiable); see
+    :func:`allreduce`."""
+    return _allreduce(list(tensors), True, average, name, compression, op, prescale_factor, postscale_factor,
+                      process_set)
+
+
+def _allreduce(tensors, grouped, average, name, compression, op, prescale_factor, postscale_factor, process_set):
+    op = _policy.resolve_op(op, average)
+    prescale_factor, postscale_factor = _policy.check_scale_factors(prescale_factor, postscale_factor)
+    if not tensors:
+        return []
+    compressed, ctxs = compress_all(compression, tensors)
+    if grouped:
+        outputs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set, *compressed)
+    else:
+        outputs = [_Allreduce.apply(compressed[0], name, op, prescale_factor, postscale_factor, process_set)]
+    return decompress_all(compression, outputs, ctxs)
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Concatenate every rank's ``tensor`` on the first dimension, which may differ between ranks
-    (differentiable)."""
+    """Concatenate every rank's ``tensor`` on the first dimension, which may differ between ranks (differentiable:
+    the gradient is the averaged allreduce of the output's gradient, sliced to this rank's rows)."""
     return _Allgather.apply(tensor, name, process_set)
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Return global rank ``root_rank``'s ``tensor`` on every rank of the set (differentiable).
+    """Return global rank ``root_rank``'s ``tensor`` on every rank of the set (differentiable: the gradient is the
+    averaged allreduce of the output's gradient on the root, zeros elsewhere).
 
     Raises:
         ValueError: ``root_rank`` is not in the set. TensorMismatchError: ranks disagree on shape, dtype or root.
@@ -164,7 +185,8 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
 def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set):
     """Send rows ``splits[i]`` of ``tensor`` to rank i of the set (equal parts when None), gather what the others
-    send (differentiable). Returns the output, or ``(output, received_splits)`` when ``splits`` is given.
+    send (differentiable: the gradient travels back with the received splits). Returns the output, or
+    ``(output, received_splits)`` when ``splits`` is given.
 
     Raises:
         ValueError: no ``splits`` and the first dimension does not divide by the set's size, or bad ``splits``.
@@ -178,23 +200,27 @@ def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
                   op: int = _c.Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
-    """Reduce ``tensor`` over the set and return this rank's slice of the first dimension (differentiable).
+    """Reduce ``tensor`` over the set and return this rank's slice of the first dimension; ranks below
+    ``dim0 % size`` get one extra row (differentiable: the gradient is the allgather of the output's gradient,
+    scaled like the reduction).
 
     Raises:
         ValueError: ``op`` other than ``hvd.Sum`` or ``hvd.Average``.
     """
-    compressed, cctx = compression.compress(tensor)
-    output = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
-    return compression.decompress(output, cctx)
+    return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor,
+                                 postscale_factor)[0]
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                           compression=Compression.none, op: int = _c.Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
-    """Reducescatter a list of tensors as one group; see :func:`reducescatter` (not differentiable)."""
-    compressed = [compression.compress(t) for t in tensors]
-    outputs = _ops.synchronize(_ops.grouped_reducescatter_async(
-        [t for t, _ in compressed], name=name, op=op, process_set=process_set, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor))
-    return [compression.decompress(o, cctx) for o, (_, cctx) in zip(outputs, compressed)]
+    """Reducescatter a list of tensors as one group (differentiable); see :func:`reducescatter`. A list of one
+    tensor is a plain reducescatter."""
+    _policy.check_reducescatter_op(op)
+    prescale_factor, postscale_factor = _policy.check_scale_factors(prescale_factor, postscale_factor)
+    if not tensors:
+        return []
+    compressed, ctxs = compress_all(compression, tensors)
+    outputs = _Reducescatter.apply(name, op, process_set, prescale_factor, postscale_factor, *compressed)
+    return decompress_all(compression, [outputs] if len(compressed) == 1 else outputs, ctxs)

@@ -1,44 +1,20 @@
 """Gradient compression applied around an allreduce: ``Compression.none``, ``Compression.fp16``, ``Compression.bf16``.
 
-A compressor is a class with static ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``;
-only floating-point tensors are cast, anything else passes through unchanged.
+The rule (only floating-point tensors are cast; the dtype comes back after the collective) is
+:func:`horovod.runtime.compression.cast_compressor`; this module only says how torch reads a dtype and casts.
 """
 
 from __future__ import annotations
 
 import torch
 
-from horovod.common.compression import Compressor, NoneCompressor
+from horovod.runtime.compression import Compressor, NoneCompressor, cast_compressor, compression_namespace
 
+_TORCH = dict(dtype_of=lambda t: t.dtype, is_floating=lambda d: d.is_floating_point, cast=lambda t, d: t.type(d),
+              module=__name__)
 
-def _cast_compressor(wire_dtype: torch.dtype, doc: str):
-    class _Cast(Compressor):
-        __doc__ = doc
-
-        @staticmethod
-        def compress(tensor):
-            if tensor.dtype.is_floating_point and tensor.dtype != wire_dtype:
-                return tensor.type(wire_dtype), tensor.dtype
-            return tensor, None
-
-        @staticmethod
-        def decompress(tensor, ctx):
-            return tensor if ctx is None else tensor.type(ctx)
-    return _Cast
-
-
-FP16Compressor = _cast_compressor(torch.float16, "Send floating-point tensors as float16, restore the dtype after.")
-FP16Compressor.__name__ = FP16Compressor.__qualname__ = "FP16Compressor"
-BF16Compressor = _cast_compressor(torch.bfloat16, "Send floating-point tensors as bfloat16, restore the dtype after.")
-BF16Compressor.__name__ = BF16Compressor.__qualname__ = "BF16Compressor"
-
-
-class Compression:
-    """The available compressors: ``none``, ``fp16`` and ``bf16``."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
-
+FP16Compressor = cast_compressor("FP16Compressor", torch.float16, **_TORCH)
+BF16Compressor = cast_compressor("BF16Compressor", torch.bfloat16, **_TORCH)
+Compression = compression_namespace(FP16Compressor, BF16Compressor, module=__name__)
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor"]

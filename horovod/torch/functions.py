@@ -10,6 +10,8 @@ from horovod.runtime import collectives as _c
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
+
 
 def broadcast_parameters(params, root_rank: int, prefix: Optional[str] = None,
                          process_set: ProcessSet = global_process_set) -> None:

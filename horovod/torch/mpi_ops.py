@@ -15,8 +15,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from horovod.runtime import collectives as _c
+from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch._tensors import as_input, as_output, check_tensor, to_tensor
+
+__all__ = ["poll", "synchronize", "allreduce_async", "allreduce_async_", "allreduce_", "grouped_allreduce_async",
+           "grouped_allreduce_async_", "grouped_allreduce_", "sparse_allreduce_async", "allgather_async",
+           "grouped_allgather_async", "grouped_allgather", "broadcast_async", "broadcast_async_", "broadcast_",
+           "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "join", "barrier"]
 
 _handle_map: Dict[int, Tuple[Any, Callable[[Any], Any]]] = {}
 _handle_ids = itertools.count()
@@ -59,17 +65,13 @@ def synchronize(handle: int):
     return finish(core_handle.result())
 
 
-def _process_set(process_set: Optional[ProcessSet]) -> ProcessSet:
-    return process_set if process_set is not None else global_process_set
-
-
 # -- allreduce ------------------------------------------------------------------------------------------------------
 
 def _allreduce_into(tensor, output, name, op, average, prescale_factor, postscale_factor, process_set) -> int:
     source, dtype = as_input(tensor)
     out_view, finish = as_output(output)
     core = _c.allreduce_async(source, name=name, op=op, average=average, prescale_factor=prescale_factor,
-                              postscale_factor=postscale_factor, process_set=_process_set(process_set),
+                              postscale_factor=postscale_factor, process_set=process_set,
                               output=out_view, dtype=dtype)
     return _register(core, finish)
 
@@ -112,7 +114,7 @@ def _grouped_allreduce_into(tensors, outputs, name, op, average, prescale_factor
     views, finishers = zip(*[as_output(o) for o in outputs]) if outputs else ((), ())
     core = _c.grouped_allreduce_async([a for a, _ in inputs], name=name, op=op, average=average,
                                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                      process_set=_process_set(process_set), outputs=list(views),
+                                      process_set=process_set, outputs=list(views),
                                       dtypes=[d for _, d in inputs])
     return _register(core, lambda results: [f(r) for f, r in zip(finishers, results)])
 
@@ -150,20 +152,22 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
 
     Returns a callable that waits and returns the reduced (uncoalesced) sparse tensor; with ``op=Average`` the
     values are divided by the set's size.
+
+    Raises:
+        NotImplementedError: ``op=Adasum``. ValueError: any other op but Average and Sum.
     """
     if tensor.device.type != "cpu":
         check_tensor(tensor)
-    if op not in (_c.Average, _c.Sum):
-        raise ValueError("sparse_allreduce_async supports only hvd.Average and hvd.Sum")
-    process_set = _process_set(process_set)
+    _policy.check_sparse_op(op)
+    scale = _policy.reduction_scale(op, _policy.set_size(process_set))
     indices = allgather_async(tensor._indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
     values = allgather_async(tensor._values(), name=f"{name}.values", process_set=process_set)
 
     def wait() -> torch.Tensor:
         gathered_values = synchronize(values)
         gathered_indices = synchronize(indices)
-        if op == _c.Average:
-            gathered_values = gathered_values / process_set.size()
+        if scale != 1.0:
+            gathered_values = gathered_values * scale
         return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.size())
     return wait
 
@@ -174,7 +178,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` on the first dimension (which may differ between ranks)."""
     source, dtype = as_input(tensor)
-    core = _c.allgather_async(source, name=name, process_set=_process_set(process_set), dtype=dtype)
+    core = _c.allgather_async(source, name=name, process_set=process_set, dtype=dtype)
     return _register(core, lambda result: to_tensor(result, tensor.dtype))
 
 
@@ -182,7 +186,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
                             process_set: ProcessSet = global_process_set) -> int:
     """Start allgathering a list of tensors as one group; ``synchronize`` returns the list of outputs."""
     inputs = [as_input(t) for t in tensors]
-    core = _c.grouped_allgather_async([a for a, _ in inputs], name=name, process_set=_process_set(process_set),
+    core = _c.grouped_allgather_async([a for a, _ in inputs], name=name, process_set=process_set,
                                       dtypes=[d for _, d in inputs])
     dtypes = [t.dtype for t in tensors]
     return _register(core, lambda results: [to_tensor(r, d) for r, d in zip(results, dtypes)])
@@ -199,7 +203,7 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
 def _broadcast_into(tensor, output, root_rank, name, process_set) -> int:
     source, dtype = as_input(tensor)
     out_view, finish = as_output(output)
-    core = _c.broadcast_async(source, root_rank, name=name, process_set=_process_set(process_set), output=out_view,
+    core = _c.broadcast_async(source, root_rank, name=name, process_set=process_set, output=out_view,
                               dtype=dtype)
     return _register(core, finish)
 
@@ -234,7 +238,7 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
     source, dtype = as_input(tensor)
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
-    core = _c.alltoall_async(source, splits, name=name, process_set=_process_set(process_set), dtype=dtype)
+    core = _c.alltoall_async(source, splits, name=name, process_set=process_set, dtype=dtype)
 
     def finish(result) -> Tuple[torch.Tensor, torch.Tensor]:
         output, received = result
@@ -250,7 +254,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: in
     """Start a reducescatter: reduce over the set, rank i keeps slice i of the first dimension (ranks below
     ``dim0 % size`` get one extra row). Only ``hvd.Sum`` and ``hvd.Average``."""
     source, dtype = as_input(tensor)
-    core = _c.reducescatter_async(source, name=name, op=op, process_set=_process_set(process_set),
+    core = _c.reducescatter_async(source, name=name, op=op, process_set=process_set,
                                   prescale_factor=prescale_factor, postscale_factor=postscale_factor, dtype=dtype)
     return _register(core, lambda result: to_tensor(result, tensor.dtype))
 
@@ -261,7 +265,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     """Start reducescattering a list of tensors as one group; ``synchronize`` returns the list of outputs."""
     inputs = [as_input(t) for t in tensors]
     core = _c.grouped_reducescatter_async([a for a, _ in inputs], name=name, op=op,
-                                          process_set=_process_set(process_set), prescale_factor=prescale_factor,
+                                          process_set=process_set, prescale_factor=prescale_factor,
                                           postscale_factor=postscale_factor, dtypes=[d for _, d in inputs])
     dtypes = [t.dtype for t in tensors]
     return _register(core, lambda results: [to_tensor(r, d) for r, d in zip(results, dtypes)])
@@ -277,4 +281,4 @@ def join(device: int = -1) -> int:
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of ``process_set`` reaches the barrier."""
-    _c.barrier(process_set=_process_set(process_set))
+    _c.barrier(process_set=process_set)

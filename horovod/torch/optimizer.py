@@ -9,69 +9,24 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from horovod.runtime import collectives as _c
+from horovod.runtime import gradient_policy as _policy
+from horovod.runtime.compression import compress_all
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 from horovod.torch.compression import Compression
 
-_EXTRA_BACKWARD = ("Gradients were computed more than backward_passes_per_step times before call to step(). "
-                   "Increase backward_passes_per_step to accumulate gradients locally.")
+__all__ = ["DistributedOptimizer"]
+
 _PENDING_ZERO_GRAD = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                       "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
 _STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() context after "
                     "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
                     "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
-
-
-def _parameter_names(param_groups, named_parameters) -> Dict[torch.Tensor, str]:
-    if named_parameters is None:
-        return {p: f"noname.{g}.{i}" for g, group in enumerate(param_groups) for i, p in enumerate(group["params"])}
-    named_parameters = list(named_parameters)
-    if any(not isinstance(item, tuple) for item in named_parameters):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced by "
-                         "model.named_parameters().")
-    names = [name for name, _ in named_parameters]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
-                         f"{', '.join(duplicates)}")
-    named_ids = {id(p) for _, p in named_parameters}
-    unnamed = [id(p) for group in param_groups for p in group["params"] if id(p) not in named_ids]
-    if unnamed:
-        raise ValueError(f"named_parameters was specified, but one or more model parameters were not named. "
-                         f"Python object ids: {', '.join(str(i) for i in unnamed)}")
-    return {p: name for name, p in sorted(named_parameters, key=lambda item: item[0])}
-
-
-def _make_groups(groups, params: List[torch.Tensor]) -> List[Tuple[torch.Tensor, ...]]:
-    """Explicit groups as given; an integer n splits the parameters into n groups in order."""
-    if groups is None or groups == 0:
-        return []
-    if isinstance(groups, list):
-        seen = set()
-        for group in groups:
-            for p in group:
-                if not isinstance(p, torch.Tensor):
-                    raise ValueError("groups must consist of torch.Tensor.")
-                if id(p) in seen:
-                    raise ValueError("A parameter can only appear once in groups.")
-                seen.add(id(p))
-        wanted = {id(p) for p in params}
-        return [tuple(p for p in group if id(p) in wanted) for group in groups if group]
-    if not isinstance(groups, int) or groups < 0:
-        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
-    size, extra = divmod(len(params), groups)
-    out, start = [], 0
-    for k in range(groups):
-        end = start + size + (1 if k < extra else 0)
-        if end > start:
-            out.append(tuple(params[start:end]))
-        start = end
-    return out
 
 
 class _DistributedOptimizer:
@@ -81,15 +36,16 @@ class _DistributedOptimizer:
                  gradient_predivide_factor, groups, sparse_as_dense, process_set):
         super().__init__(params)
         self._compression = compression
-        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
-        self.backward_passes_per_step = backward_passes_per_step
+        self._parameter_names = _policy.parameter_names([g["params"] for g in self.param_groups], named_parameters)
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._requires_update = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-        self._allreduce_delay = {p: backward_passes_per_step for p in self._requires_update}
-        self._groups = _make_groups(groups, self._requires_update)
+        self._passes = _policy.PassCounter(map(id, self._requires_update), backward_passes_per_step)
+        self._groups = [tuple(self._requires_update[i] for i in members) for members in _policy.split_groups(
+            groups, self._requires_update, member_check=lambda p: isinstance(p, torch.Tensor),
+            what="torch.Tensor") if len(members) > 1]
         self._group_of = {p: group for group in self._groups for p in group}
         self._group_ready: Dict[Tuple, int] = {group: 0 for group in self._groups}
         self._handles: Dict[object, Tuple[Optional[object], object]] = {}
@@ -102,16 +58,17 @@ class _DistributedOptimizer:
 
     # -- hooks and allreduces ---------------------------------------------------------------------------------------
 
-    def _scale_factors(self) -> Tuple[float, float]:
-        if self.op == _c.Average:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
+    @property
+    def backward_passes_per_step(self) -> int:
+        """Backward passes accumulated locally before each allreduce."""
+        return self._passes.passes
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes: int) -> None:
+        self._passes.set_passes(passes)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        if self._handles.get(p, (None, None))[0] is not None or self._allreduce_delay[p] <= 0:
-            raise AssertionError(_EXTRA_BACKWARD)
-        self._allreduce_delay[p] -= 1
-        if self._allreduce_delay[p] > 0:
+        if not self._passes.count(id(p)):
             self._handles[p] = (None, None)
             return
         group = self._group_of.get(p)
@@ -139,24 +96,23 @@ class _DistributedOptimizer:
 
     def _allreduce_grad_async(self, p: torch.Tensor):
         grad = self._dense_grad(p)
-        name = self._parameter_names.get(p)
+        name = self._parameter_names.get(id(p))
         if grad.is_sparse:
             return _ops.sparse_allreduce_async(grad, name=f"sparse.{name}", op=self.op,
                                                process_set=self.process_set), None
         compressed, ctx = self._compression.compress(grad)
-        pre, post = self._scale_factors()
+        pre, post = _policy.predivide_factors(self.op, self.gradient_predivide_factor)
         handle = _ops.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
                                        postscale_factor=post, process_set=self.process_set)
         return handle, ctx
 
     def _grouped_allreduce_grad_async(self, group: Tuple[torch.Tensor, ...]):
-        compressed = [self._compression.compress(self._dense_grad(p)) for p in group]
-        pre, post = self._scale_factors()
-        name = f"group.{self._parameter_names.get(group[0])}.{len(group)}"
-        handle = _ops.grouped_allreduce_async_([t for t, _ in compressed], name=name, op=self.op,
-                                               prescale_factor=pre, postscale_factor=post,
-                                               process_set=self.process_set)
-        return handle, [ctx for _, ctx in compressed]
+        compressed, ctxs = compress_all(self._compression, [self._dense_grad(p) for p in group])
+        pre, post = _policy.predivide_factors(self.op, self.gradient_predivide_factor)
+        name = f"group.{self._parameter_names.get(id(group[0]))}.{len(group)}"
+        handle = _ops.grouped_allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
+                                               postscale_factor=post, process_set=self.process_set)
+        return handle, ctxs
 
     def _finish(self, key, handle, ctx) -> None:
         if isinstance(key, tuple):
@@ -165,12 +121,12 @@ class _DistributedOptimizer:
                 self._set_grad(p, output, c)
         elif callable(handle):
             key.grad = handle()
-            self._allreduce_delay[key] = self.backward_passes_per_step
+            self._passes.reset(id(key))
         else:
             self._set_grad(key, _ops.synchronize(handle), ctx)
 
     def _set_grad(self, p: torch.Tensor, output: torch.Tensor, ctx) -> None:
-        self._allreduce_delay[p] = self.backward_passes_per_step
+        self._passes.reset(id(p))
         result = self._compression.decompress(output, ctx)
         if result is not p.grad:
             with torch.no_grad():
@@ -228,19 +184,18 @@ class _DistributedOptimizer:
     def _discard_pending(self) -> None:
         """Forget the allreduces of an interrupted step (elastic restore undoes that step); no communication."""
         self._handles.clear()
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._passes.reset()
         for group in self._group_ready:
             self._group_ready[group] = 0
         self._synchronized = False
 
     def set_backward_passes_per_step(self, passes: int) -> None:
-        """Change how many backward passes accumulate locally before gradients are allreduced."""
-        if passes <= 0:
-            raise ValueError("backward_passes_per_step must be > 0")
-        self.backward_passes_per_step = passes
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = passes
+        """Change how many backward passes accumulate locally before gradients are allreduced.
+
+        Raises:
+            ValueError: ``passes`` < 1.
+        """
+        self._passes.set_passes(passes)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
@@ -266,15 +221,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         ValueError: ``gradient_predivide_factor`` with an op other than Average, ``backward_passes_per_step`` < 1,
             badly formed ``named_parameters`` or ``groups``.
     """
-    if gradient_predivide_factor != 1.0 and op != _c.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
-    if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-                      DeprecationWarning)
-        if groups is None:
-            groups = num_groups
+    groups = _policy.check_optimizer_arguments(op, gradient_predivide_factor, backward_passes_per_step, groups,
+                                               num_groups, what="torch.Tensor")
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__})
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,

@@ -18,6 +18,8 @@ from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 from horovod.torch._tensors import check_tensor
 
+__all__ = ["SyncBatchNorm"]
+
 
 def _reduce_dims(x: torch.Tensor):
     return [0] + list(range(2, x.dim()))
