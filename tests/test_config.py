@@ -3,7 +3,11 @@
 
 import pytest
 
-from horovod.common.config import MIB, SETTINGS, load_config
+import dataclasses
+import logging
+
+from horovod.common.config import (AGREED_SETTINGS, MIB, SETTINGS, SETTINGS_BY_ENV, Config, load_config,
+                                   unknown_variables)
 from horovod.common.exceptions import HorovodConfigError
 from horovod.runner import tunables
 from horovod.runner.cli import launcher_env, make_parser, resolve_values
@@ -63,12 +67,13 @@ def test_stall_timings_only_while_stall_check_is_on():
         "HOROVOD_STALL_CHECK_DISABLE": "1"}
 
 
-def test_start_timeout_reaches_workers_but_elastic_timeout_stays_in_the_launcher():
+def test_timeouts_reach_workers_but_ssh_args_stay_in_the_launcher():
     args = parse("--start-timeout", "12")
     assert args.start_timeout == 12.0
     assert launcher_env(vars(args)) == {"HOROVOD_START_TIMEOUT": "12.0"}
-    args = parse("--elastic-timeout", "100")
-    assert launcher_env(vars(args)) == {}
+    args = parse("--elastic-timeout", "100")  # elastic workers bound their wait for a round by it
+    assert launcher_env(vars(args)) == {"HOROVOD_ELASTIC_TIMEOUT": "100.0"}
+    assert SETTINGS_BY_ENV["HOROVOD_SSH_ARGS"].side == "launcher"
 
 
 def test_network_interface_and_tcp():
@@ -124,7 +129,7 @@ def test_config_file_sections(tmp_path):
     assert env == {
         "HOROVOD_FUSION_THRESHOLD": str(16 * MIB), "HOROVOD_CYCLE_TIME": "3.0",
         "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "4",
-        "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.5", "HOROVOD_TIMELINE": "/tmp/tl.json",
+        "HOROVOD_TIMELINE": "/tmp/tl.json",
         "HOROVOD_TIMELINE_MARK_CYCLES": "1", "HOROVOD_STALL_CHECK_DISABLE": "0",
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "20.0", "HOROVOD_GLOO_TIMEOUT_SECONDS": "9.0",
         "HOROVOD_LOG_LEVEL": "INFO"}
@@ -164,3 +169,57 @@ def test_config_file_not_yaml(tmp_path):
         tunables.load_config_file(str(path))
     with pytest.raises(HorovodConfigError, match="cannot read"):
         tunables.load_config_file(str(tmp_path / "missing.yaml"))
+
+
+def test_settings_are_typed_fields_with_their_facts():
+    config = load_config({"HOROVOD_FUSION_THRESHOLD": "5", "HOROVOD_NEGOTIATION": " Peer ", "HOROVOD_LOG_LEVEL": "debug"})
+    assert config.fusion_threshold == 5 and config.negotiation == "peer" and config.log_level == "DEBUG"
+    assert config.is_explicit("HOROVOD_FUSION_THRESHOLD") and not config.is_explicit("HOROVOD_CYCLE_TIME")
+    assert {f.name for f in dataclasses.fields(Config)} >= {s.attr for s in SETTINGS}
+    assert config.replace(cycle_time=2.0).cycle_time == 2.0 and Config().cycle_time == 1.0
+    with pytest.raises(AttributeError):
+        config.replace(no_such_setting=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.rank = 3
+    assert "secret" not in repr(load_config({"HOROVOD_SECRET_KEY": "abcd"}))
+    assert "fusion_threshold" in AGREED_SETTINGS and "rank" not in AGREED_SETTINGS
+    assert SETTINGS_BY_ENV["HOROVOD_FUSION_THRESHOLD"].yaml == "params.fusion_threshold_mb"
+    for setting in SETTINGS:
+        assert setting.env == "HOROVOD_" + setting.attr.upper() and setting.side in ("workers", "launcher", "both")
+
+
+def test_range_and_choices_are_checked():
+    with pytest.raises(HorovodConfigError, match=r"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE='2'.*\[0, 1\]"):
+        load_config({"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "2"})
+    with pytest.raises(HorovodConfigError, match="use auto, peer, star"):
+        load_config({"HOROVOD_NEGOTIATION": "ring"})
+
+
+def test_unknown_variable_warns_once_naming_the_closest(caplog):
+    assert unknown_variables({"HOROVOD_FUSION_TRESHOLD": "1", "PATH": "/bin"}) == {
+        "HOROVOD_FUSION_TRESHOLD": "HOROVOD_FUSION_THRESHOLD"}
+    with caplog.at_level(logging.WARNING, logger="horovod"):
+        load_config({"HOROVOD_CYCLE_TIMES": "1"})
+        load_config({"HOROVOD_CYCLE_TIMES": "1"})
+    messages = [r.getMessage() for r in caplog.records if "HOROVOD_CYCLE_TIMES" in r.getMessage()]
+    assert messages == ["HOROVOD_CYCLE_TIMES is not a Horovod setting and is ignored; did you mean HOROVOD_CYCLE_TIME?"]
+
+
+def test_inert_flags_are_accepted_hidden_and_not_passed_on():
+    assert env_of("--num-nccl-streams", "2", "--torus-allreduce", "--hierarchical-allgather") == {}
+    help_text = make_parser().format_help()
+    assert "--num-nccl-streams" not in help_text and "--fusion-threshold-mb" in help_text
+    said = []
+    assert tunables.warn_inert(vars(parse("--torus-allreduce")), said.append) == ["--torus-allreduce"]
+    assert "ignored" in said[0]
+
+
+def test_every_setting_is_read_somewhere_or_inert():
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parent.parent / "horovod"
+    text = "\n".join(p.read_text() for p in root.rglob("*.py"))
+    for setting in SETTINGS:
+        if setting.inert or setting.side == "launcher":
+            continue
+        assert re.search(rf"\.{setting.attr}\b|\"{setting.attr}\"|{setting.env}", text), setting.env

@@ -14,8 +14,11 @@ import pytest
 
 from horovod.common.config import environ_snapshot
 from horovod.runner.hosts import HostInfo, get_host_assignments
-from horovod.runner.launch import LaunchConfig, RendezvousInfo, build_specs, package_pythonpath, worker_env
-from horovod.runner.processes import OutputSink, WorkerExit, WorkerGroup, WorkerSpec, failure_message
+from horovod.runner.launch import LaunchConfig, package_pythonpath, plan_launches, worker_env
+from horovod.runner.output import OutputSink
+from horovod.runner.procgroup import ProcessHandle, start_session
+from horovod.runner.rendezvous import RendezvousInfo
+from horovod.runner.supervisor import Supervisor, WorkerExit, failure_message
 from horovod.testing.fixtures import live_processes
 
 
@@ -36,10 +39,11 @@ def test_worker_env_overrides_inherited_topology():
 
 
 @pytest.mark.unit
-def test_build_specs_one_per_slot():
+def test_plan_launches_one_per_slot():
     slots = tuple(get_host_assignments([HostInfo("localhost", 3)], 3))
-    specs = build_specs(LaunchConfig(("python", "x.py"), slots), RendezvousInfo("127.0.0.1", 1, b"k"), {"A": "1"})
-    assert [(s.rank, s.hostname, s.command, s.env["A"], s.env["HOROVOD_RANK"]) for s in specs] == [
+    launches = plan_launches(LaunchConfig(("python", "x.py"), slots), RendezvousInfo("127.0.0.1", 1, b"k"),
+                             {"A": "1"})
+    assert [(s.rank, s.hostname, s.command, s.env["A"], s.env["HOROVOD_RANK"]) for s in launches] == [
         (r, "localhost", ("python", "x.py"), "1", str(r)) for r in range(3)]
 
 
@@ -127,6 +131,11 @@ def test_signal_to_horovodrun_stops_every_worker(sig):
             proc.wait()
 
 
+def _start(supervisor, commands):
+    for rank, command in enumerate(commands):
+        supervisor.add(rank, "localhost", ProcessHandle(start_session(command, environ_snapshot())))
+
+
 class _RecordingSink(OutputSink):
     def __init__(self, size):
         super().__init__(size, io.StringIO(), io.StringIO())
@@ -142,9 +151,8 @@ def test_worker_ignoring_sigterm_is_killed_after_grace():
     code = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "print(os.getpid(), flush=True); time.sleep(60)")
     sink = _RecordingSink(1)
-    spec = WorkerSpec(0, "localhost", (sys.executable, "-c", code), environ_snapshot())
-    with WorkerGroup([spec], sink, grace_seconds=0.3, log=lambda text: None) as group:
-        group.start()
+    with Supervisor(sink, grace_seconds=0.3, log=lambda text: None) as group:
+        _start(group, [(sys.executable, "-c", code)])
         rank, stream, line = sink.lines.get(timeout=20)
         start = time.monotonic()
         result = group.wait(timeout=0)
@@ -156,12 +164,11 @@ def test_worker_ignoring_sigterm_is_killed_after_grace():
 
 @pytest.mark.ranks
 def test_worker_killed_by_signal_is_the_first_failure():
-    specs = [WorkerSpec(0, "localhost", (sys.executable, "-c", "import time; time.sleep(60)"), environ_snapshot()),
-             WorkerSpec(1, "localhost", (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"),
-                        environ_snapshot())]
+    commands = [(sys.executable, "-c", "import time; time.sleep(60)"),
+                (sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)")]
     messages = []
-    with WorkerGroup(specs, _RecordingSink(2), grace_seconds=2, log=messages.append) as group:
-        group.start()
+    with Supervisor(_RecordingSink(2), grace_seconds=2, log=messages.append) as group:
+        _start(group, commands)
         result = group.wait(timeout=30)
     assert result.first_failure == WorkerExit(1, "localhost", -9)
     assert result.exits[0].returncode == -signal.SIGTERM

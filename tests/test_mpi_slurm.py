@@ -16,8 +16,9 @@ import pytest
 from horovod.common.exceptions import HorovodConfigError
 from horovod.runtime.launch_env import detect, placement
 from horovod.runner.hosts import HostInfo
-from horovod.runner.launch import _LAUNCHER_VARS, RendezvousInfo
-from horovod.runner.mpi_run import mpi_env, mpirun_command
+from horovod.runner.backends.mpirun import mpirun_command
+from horovod.runner.launch import job_env
+from horovod.runner.rendezvous import RendezvousInfo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIRUN = shutil.which("mpirun")
@@ -91,8 +92,7 @@ def test_placement_block_cyclic_and_uneven():
 @pytest.mark.unit
 def test_mpirun_command_names_variables_but_never_the_secret():
     rendezvous = RendezvousInfo("10.0.0.1", 4000, b"\xab" * 32)
-    env = mpi_env({"PATH": "/bin", "HOROVOD_RANK": "7", "HOME": "/root"}, {"HOROVOD_CYCLE_TIME": "2"}, rendezvous,
-                  _LAUNCHER_VARS)
+    env = job_env({"PATH": "/bin", "HOROVOD_RANK": "7", "HOME": "/root"}, rendezvous, {"HOROVOD_CYCLE_TIME": "2"})
     assert "HOROVOD_RANK" not in env and env["HOROVOD_SECRET_KEY"] == "ab" * 32
     argv = mpirun_command("/usr/bin/mpirun", 4, [HostInfo("h1", 2), HostInfo("h2", 2)], ["python", "t.py"], env,
                           ssh_port=2222, mpi_args="--oversubscribe", as_root=True)

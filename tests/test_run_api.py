@@ -7,7 +7,7 @@ import pytest
 import horovod
 from horovod.runner import NotAvailableYetError, WorkerFailedError
 from horovod.runner.api import raise_for_outcomes
-from horovod.runner.processes import JobResult, WorkerExit
+from horovod.runner.supervisor import JobResult, WorkerExit
 from horovod.runner.run_task import TaskOutcome
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.runner.hosts import HostInfo, get_host_assignments
-from horovod.runner.launch import LaunchConfig, launch_local, package_pythonpath, rendezvous_service
+from horovod.runner.launch import LaunchConfig, launch_local, package_pythonpath
+from horovod.runner.rendezvous import rendezvous_service
 from horovod.transport import wire
 
 WORKER = textwrap.dedent("""

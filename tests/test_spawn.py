@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from horovod.runner.processes import JobResult, WorkerExit
+from horovod.runner.supervisor import JobResult, WorkerExit
 from horovod.testing import SpawnError, SpawnTimeout, spawn_ranks
 from horovod.testing.fixtures import live_processes
 from horovod.testing.spawn import decide_outcome

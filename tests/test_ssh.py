@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from horovod.runner.multihost import plan_rendezvous, remote_hosts
+from horovod.runner.rendezvous import plan_rendezvous, remote_hosts
 from horovod.runner.network import NetworkError, bind_addresses, route_source
 from horovod.runner.ssh import SshConfig, boot_command, explain_check, remote_env, ssh_argv
 from horovod.runner.ssh_boot import PayloadError, make_payload, parse_payload

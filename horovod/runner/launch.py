@@ -1,55 +1,56 @@
-"""Launch a job's workers on this machine: decide each worker's environment, then start and supervise them.
+"""The launch pipeline's shared steps: each worker's environment, then a backend starts them, then one supervisor.
 
-The decisions (:func:`worker_env`, :func:`build_specs`) are pure functions over plain data; :func:`launch_local`
-carries them out with a :class:`~horovod.runner.processes.WorkerGroup`. ``horovodrun``, ``horovod.run`` and
-``horovod.testing.spawn_ranks`` all start workers through here, so a worker sees the same variables however it is
-started. The job secret travels in the environment only, never on a command line.
+``horovodrun``, ``horovod.run``, elastic jobs and ``horovod.testing.spawn_ranks`` all build workers' environments
+with :func:`worker_env` and run them with :func:`run_job`; a backend that starts workers its own way (Ray actors,
+Spark tasks) calls the same pieces:
+
+1. :func:`horovod.runner.rendezvous.rendezvous_service` (or a ``RendezvousPool``): the store and the job secret;
+2. :func:`worker_env` for each slot of :func:`horovod.runner.hosts.get_host_assignments`: the per-rank environment;
+3. its :meth:`~horovod.runner.backends.base.Backend.start`, then a :class:`~horovod.runner.supervisor.Supervisor`
+   for relaying, fail-fast and reaping (what :func:`run_job` does).
+
+The decisions (:func:`worker_env`, :func:`plan_launches`) are pure functions over plain data. The job secret travels
+in the environment only, never on a command line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import signal
 import sys
-import threading
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, TextIO, Tuple, Union
 
 from horovod.common import config
 from horovod.common.exceptions import HorovodError
-from horovod.common.rendezvous_client import make_secret, secret_to_hex
-from horovod.runner.hosts import HostInfo, SlotInfo, is_local_host
-from horovod.runner.processes import (DEFAULT_GRACE_SECONDS, JobResult, OutputSink, WorkerExit, WorkerGroup,
-                                      WorkerSpec)
-from horovod.runner.rendezvous import RendezvousServer
+from horovod.common.rendezvous_client import secret_to_hex
+from horovod.runner.backends.base import Backend, WorkerLaunch
+from horovod.runner.backends.local import LocalBackend
+from horovod.runner.hosts import SlotInfo
+from horovod.runner.output import OutputSink
+from horovod.runner.procgroup import forward_signals
+from horovod.runner.rendezvous import RendezvousInfo
+from horovod.runner.supervisor import DEFAULT_GRACE_SECONDS, JobResult, Supervisor, WorkerExit
 
+__all__ = ["LaunchConfig", "NotAvailableYetError", "SLOT_VARS", "LAUNCHER_VARS", "slot_env", "job_env",
+           "worker_env", "plan_launches", "package_pythonpath", "run_job", "launch_local"]
+
+# The variables that place one worker in the job; a backend whose one process starts every rank (mpirun) leaves them
+# to the workers' own launcher.
+SLOT_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+             "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")
 # Variables the launcher decides for each worker; a value inherited from the launcher's own environment (say,
 # horovodrun started from inside another job) must never leak through.
-_LAUNCHER_VARS = (
-    "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-    "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
-    "HOROVOD_SECRET_KEY", "HOROVOD_RENDEZVOUS_SCOPE", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS",
-)
+LAUNCHER_VARS = SLOT_VARS + ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_SECRET_KEY",
+                             "HOROVOD_RENDEZVOUS_SCOPE", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
 
 
 class NotAvailableYetError(HorovodError, NotImplementedError):
-    """A launcher feature that this version parses but does not implement yet (ssh, elastic, MPI)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RendezvousInfo:
-    """Where workers find the rendezvous service, and the job secret they sign requests with."""
-
-    addr: str
-    port: int
-    secret: bytes
-    scope: Optional[str] = None
+    """A launcher feature that this version parses but does not implement yet (jsrun, MPI for ``horovod.run``)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
-    """Everything a local launch needs, decided before anything starts.
+    """Everything a launch needs, decided before anything starts.
 
     ``extra_env`` holds the tunables (``HOROVOD_FUSION_THRESHOLD``...) and any other variable for every worker.
     """
@@ -76,22 +77,15 @@ def slot_env(slot: SlotInfo) -> Dict[str, str]:
     }
 
 
-def worker_env(base: Mapping[str, str], slot: SlotInfo, rendezvous: RendezvousInfo,
-               extra: Mapping[str, str] = ()) -> Dict[str, str]:
-    """The full environment of one worker: ``base`` (the launcher's), then ``extra``, then what the launcher decides.
-
-    Args:
-        base: the environment to start from.
-        slot: the worker's place in the job.
-        rendezvous: where the rendezvous service is and the job secret.
-        extra: tunables and other variables for every worker.
+def job_env(base: Mapping[str, str], rendezvous: RendezvousInfo, extra: Mapping[str, str] = ()) -> Dict[str, str]:
+    """What every worker of a job shares: ``base`` without launcher-decided variables, ``extra``, the rendezvous
+    address, the job secret and the controller.
 
     Returns:
         A new dict; ``base`` is not modified.
     """
-    env = {k: v for k, v in base.items() if k not in _LAUNCHER_VARS}
+    env = {k: v for k, v in base.items() if k not in LAUNCHER_VARS}
     env.update(dict(extra))
-    env.update(slot_env(slot))
     env.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous.addr,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous.port),
@@ -105,18 +99,38 @@ def worker_env(base: Mapping[str, str], slot: SlotInfo, rendezvous: RendezvousIn
     return env
 
 
-def build_specs(launch: LaunchConfig, rendezvous: RendezvousInfo,
-                base_env: Optional[Mapping[str, str]] = None) -> List[WorkerSpec]:
-    """One :class:`WorkerSpec` per slot, each with its :func:`worker_env`.
+def worker_env(base: Mapping[str, str], slot: SlotInfo, rendezvous: RendezvousInfo,
+               extra: Mapping[str, str] = ()) -> Dict[str, str]:
+    """The full environment of one worker: :func:`job_env` plus its place in the job (:func:`slot_env`).
+
+    Args:
+        base: the environment to start from.
+        slot: the worker's place in the job.
+        rendezvous: where the rendezvous service is and the job secret.
+        extra: tunables and other variables for every worker.
+
+    Returns:
+        A new dict; ``base`` is not modified.
+    """
+    env = job_env(base, rendezvous, extra)
+    env.update(slot_env(slot))
+    return env
+
+
+def plan_launches(launch: LaunchConfig, rendezvous: Union[RendezvousInfo, Mapping[str, RendezvousInfo]],
+                  base_env: Optional[Mapping[str, str]] = None) -> List[WorkerLaunch]:
+    """One :class:`WorkerLaunch` per slot, each with its :func:`worker_env`.
 
     Args:
         launch: the job.
-        rendezvous: the rendezvous service of the job.
+        rendezvous: the job's rendezvous service, or one per host (where that host's workers reach it).
         base_env: the environment to start from (default: this process's).
     """
     base = config.environ_snapshot() if base_env is None else base_env
-    return [WorkerSpec(slot.rank, slot.hostname, tuple(launch.command),
-                       worker_env(base, slot, rendezvous, launch.extra_env)) for slot in launch.slots]
+    by_host = rendezvous if isinstance(rendezvous, Mapping) else None
+    return [WorkerLaunch(slot, tuple(launch.command),
+                         worker_env(base, slot, by_host[slot.hostname] if by_host else rendezvous, launch.extra_env))
+            for slot in launch.slots]
 
 
 def package_pythonpath(include_caller_path: bool = False) -> Dict[str, str]:
@@ -138,73 +152,47 @@ def package_pythonpath(include_caller_path: bool = False) -> Dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(entries)}
 
 
-def check_local(hosts: Sequence[HostInfo]) -> None:
-    """Raise :class:`NotAvailableYetError` if any host is not this machine (remote hosts need ssh launch)."""
-    remote = [h.hostname for h in hosts if not is_local_host(h.hostname)]
-    if remote:
-        raise NotAvailableYetError(f"ssh launch not available yet: host(s) {', '.join(remote)} are not this "
-                                   f"machine; only local hosts (localhost, 127.x, this machine's name) can be used")
-
-
-@contextlib.contextmanager
-def rendezvous_service(host: str = "127.0.0.1", scope: Optional[str] = None
-                       ) -> Iterator[Tuple[RendezvousServer, RendezvousInfo]]:
-    """Serve a fresh rendezvous store with a fresh job secret for the duration of the block."""
-    secret = make_secret()
-    server = RendezvousServer(secret, host=host, port=0)
-    port = server.start()
-    try:
-        yield server, RendezvousInfo(host, port, secret, scope)
-    finally:
-        server.stop()
-
-
-@contextlib.contextmanager
-def _forward_signals(group: WorkerGroup) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may install handlers; the caller's own handling applies
-        return
-    handler = lambda signum, frame: group.interrupt(signum)  # noqa: E731
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def launch_local(launch: LaunchConfig, rendezvous: RendezvousInfo, stdout: Optional[TextIO] = None,
-                 stderr: Optional[TextIO] = None, timeout: Optional[float] = None,
-                 on_exit: Optional[Callable[[WorkerExit], None]] = None,
-                 on_start: Optional[Callable[[WorkerGroup], None]] = None) -> JobResult:
-    """Start every worker of ``launch`` on this machine and wait for the job, failing fast.
+def run_job(launch: LaunchConfig, backend: Backend, rendezvous: Union[RendezvousInfo, Mapping[str, RendezvousInfo]],
+            stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None, timeout: Optional[float] = None,
+            on_exit: Optional[Callable[[WorkerExit], None]] = None,
+            on_start: Optional[Callable[[Supervisor], None]] = None) -> JobResult:
+    """Start every worker of ``launch`` with ``backend`` and supervise them until the job ends, failing fast.
 
     SIGINT and SIGTERM received meanwhile (in the main thread) are forwarded to every worker, which are then killed
     after the grace period. Whatever happens, no worker process group outlives this call.
 
     Args:
         launch: the job.
-        rendezvous: the job's rendezvous service (see :func:`rendezvous_service`).
+        backend: what starts the workers (:mod:`horovod.runner.backends`).
+        rendezvous: the job's rendezvous service, or one per host (see :func:`plan_launches`).
         stdout, stderr: where prefixed worker output goes (default: ``sys.stdout``/``sys.stderr`` at write time).
         timeout: stop the job after this many seconds (None: never).
         on_exit: called with each worker's exit as it happens.
-        on_start: called with the started group (tests read the workers' pids from it).
+        on_start: called with the supervisor once every worker started (tests read the workers' pids from it).
 
-    Returns:
-        The :class:`JobResult`.
+    Raises:
+        OSError: a worker could not be started (nothing is left running then).
+        HorovodError: the backend refused the job before starting anything (a host failed its check).
     """
     log = (lambda text: print(text, file=stderr or sys.stderr, flush=True))
-    specs = build_specs(launch, rendezvous)
-    sink = OutputSink(len(specs), stdout, stderr, launch.output_filename, launch.prefix_timestamp)
+    launches = plan_launches(launch, rendezvous)
+    sink = OutputSink(len(launches), stdout, stderr, launch.output_filename, launch.prefix_timestamp)
     if launch.verbose:
-        log(f"Launching {len(specs)} local worker(s): {' '.join(launch.command)}; "
-            f"rendezvous at {rendezvous.addr}:{rendezvous.port}")
-    with WorkerGroup(specs, sink, launch.grace_seconds, log=log) as group, _forward_signals(group):
-        group.start()
+        hosts = sorted({w.hostname for w in launches})
+        log(f"Launching {len(launches)} worker(s) with {backend.name} on {len(hosts)} host(s) "
+            f"({', '.join(hosts)}): {' '.join(launch.command)}")
+    with Supervisor(sink, launch.grace_seconds, log=log) as supervisor, forward_signals(supervisor.interrupt):
+        hostnames = {w.rank: w.hostname for w in launches}
+        for rank, handle in backend.start(launches, launch.grace_seconds).items():
+            supervisor.add(rank, hostnames[rank], handle)
         if on_start is not None:
-            on_start(group)
-        return group.wait(timeout=timeout, on_exit=on_exit)
+            on_start(supervisor)
+        return supervisor.wait(timeout=timeout, on_exit=on_exit)
 
 
-__all__ = ["LaunchConfig", "RendezvousInfo", "NotAvailableYetError", "slot_env", "worker_env", "build_specs",
-           "check_local", "package_pythonpath", "rendezvous_service", "launch_local"]
+def launch_local(launch: LaunchConfig, rendezvous: RendezvousInfo, stdout: Optional[TextIO] = None,
+                 stderr: Optional[TextIO] = None, timeout: Optional[float] = None,
+                 on_exit: Optional[Callable[[WorkerExit], None]] = None,
+                 on_start: Optional[Callable[[Supervisor], None]] = None) -> JobResult:
+    """:func:`run_job` with every worker on this machine (:class:`~horovod.runner.backends.local.LocalBackend`)."""
+    return run_job(launch, LocalBackend(), rendezvous, stdout, stderr, timeout, on_exit, on_start)

@@ -12,13 +12,29 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 _SIOCGIFADDR = 0x8915
 
 
 class NetworkError(ValueError):
     """No usable address: a host does not resolve or route, or no named interface has an IPv4 address here."""
+
+
+def parse_nics(named: Union[None, str, Iterable[str]] = None, listed: Union[None, str, Iterable[str]] = None
+               ) -> List[str]:
+    """The interfaces of ``--network-interface`` (repeatable) then ``--network-interfaces`` (comma-separated).
+
+    Each argument may be one name, a comma-separated string or a list of either; blanks and repeats are dropped.
+    ``horovodrun`` and ``horovod.run`` both read their interface options with this.
+    """
+    nics: List[str] = []
+    for given in (named, listed):
+        for part in ([given] if isinstance(given, str) else list(given or ())):
+            for name in str(part).split(","):
+                if name.strip() and name.strip() not in nics:
+                    nics.append(name.strip())
+    return nics
 
 
 def resolve_host(host: str) -> str:
@@ -92,5 +108,5 @@ def bind_addresses(by_host: Mapping[str, str]) -> List[str]:
     return seen
 
 
-__all__ = ["NetworkError", "resolve_host", "route_source", "interface_address", "launcher_addresses",
+__all__ = ["NetworkError", "parse_nics", "resolve_host", "route_source", "interface_address", "launcher_addresses",
            "bind_addresses"]

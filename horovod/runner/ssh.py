@@ -22,10 +22,11 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from horovod.common import config
 from horovod.common.exceptions import HorovodError
-from horovod.runner.ssh_boot import make_payload
+from horovod.runner.procgroup import signal_group, start_session
 
 # Host-specific variables a remote worker takes from its own host's login, not from the launcher's environment.
 HOST_SPECIFIC_VARS = frozenset({
@@ -60,6 +61,19 @@ class SshConfig:
                     python: Optional[str] = None) -> "SshConfig":
         """Build from ``horovodrun`` values (``HOROVOD_SSH_ARGS`` is a shell-quoted string)."""
         return SshConfig(port, identity_file, tuple(shlex.split(extra_args or "")), python or sys.executable, timeout)
+
+
+def ssh_config(values: Mapping[str, Any]) -> SshConfig:
+    """How a job reaches its remote hosts, from ``horovodrun``'s flags or ``horovod.run``'s arguments.
+
+    Reads ``ssh_port``, ``ssh_identity_file``, ``start_timeout`` (default ``HOROVOD_START_TIMEOUT``) and ``python``
+    (the remote interpreter; default this one) from ``values``, and the extra options from ``HOROVOD_SSH_ARGS``.
+    """
+    settings = config.load_config()
+    timeout = values.get("start_timeout")
+    return SshConfig.from_values(values.get("ssh_port"), values.get("ssh_identity_file"), settings.ssh_args,
+                                 float(timeout if timeout is not None else settings.start_timeout),
+                                 values.get("python"))
 
 
 def ssh_argv(ssh: SshConfig, host: str, remote_command: str) -> List[str]:
@@ -123,25 +137,17 @@ def explain_check(host: str, returncode: Optional[int], stdout: str, stderr: str
 def _check_one(ssh: SshConfig, host: str, probes: Sequence[str], env: Mapping[str, str]) -> Optional[str]:
     probe_timeout = max(1.0, min(5.0, ssh.timeout / 2))
     argv = ssh_argv(ssh, host, boot_command(ssh, "--probe-timeout", f"{probe_timeout:g}", "--check", *probes))
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(env), start_new_session=True, text=True)
+    proc = start_session(argv, env, text=True)
     try:
         out, err = proc.communicate(timeout=ssh.timeout)
         code: Optional[int] = proc.returncode
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        signal_group(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         code = None
     finally:
-        _kill_group(proc.pid)
+        signal_group(proc.pid, signal.SIGKILL)
     return explain_check(host, code, out, err, probes, ssh.timeout)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def check_hosts(ssh: SshConfig, probes_by_host: Mapping[str, Sequence[str]], env: Mapping[str, str],
@@ -162,34 +168,5 @@ def check_hosts(ssh: SshConfig, probes_by_host: Mapping[str, Sequence[str]], env
         raise HostCheckError(failures)
 
 
-class SshSpawner:
-    """A ``popen`` for :class:`~horovod.runner.processes.WorkerGroup` that feeds each remote worker its payload.
-
-    Commands registered with :meth:`add` are ssh command lines: they run with the launcher's environment (no job
-    secret) and their standard input is a pipe that receives the payload and stays open; others start as usual.
-    """
-
-    def __init__(self, ssh_env: Mapping[str, str]):
-        self._ssh_env = dict(ssh_env)
-        self._payloads: Dict[Tuple[str, ...], bytes] = {}
-
-    def add(self, argv: Sequence[str], command: Sequence[str], env: Mapping[str, str], cwd: str, grace: float) -> None:
-        """Register a remote worker: its ssh ``argv`` and what the remote side starts."""
-        self._payloads[tuple(argv)] = make_payload(command, remote_env(env), cwd, grace)
-
-    def __call__(self, argv: Sequence[str], env: Mapping[str, str], **kwargs) -> subprocess.Popen:
-        payload = self._payloads.get(tuple(argv))
-        if payload is None:
-            return subprocess.Popen(list(argv), env=dict(env), **kwargs)
-        kwargs["stdin"] = subprocess.PIPE
-        proc = subprocess.Popen(list(argv), env=self._ssh_env, **kwargs)
-        try:
-            proc.stdin.write(payload)
-            proc.stdin.flush()
-        except OSError:
-            pass  # ssh already exited; its exit status tells why
-        return proc  # proc.stdin stays open until the worker is stopped: its end is the remote side's stop signal
-
-
-__all__ = ["SshConfig", "HostCheckError", "SshSpawner", "ssh_argv", "boot_command", "remote_env", "check_hosts",
+__all__ = ["SshConfig", "HostCheckError", "ssh_config", "ssh_argv", "boot_command", "remote_env", "check_hosts",
            "explain_check", "package_root", "HOST_SPECIFIC_VARS"]

@@ -9,7 +9,8 @@ So a worker never outlives its launcher's connection. The exit status is the wor
 Check mode (``--check ADDR:PORT ...``) prints one JSON line: this host's name, Python and whether each address
 accepts a TCP connection, which is how the launcher learns which of its addresses this host can reach.
 
-Standard library only: this runs before the job's environment is set.
+It imports only the standard library, :mod:`horovod.runner.procgroup` and :mod:`horovod.common.config` (through which
+it reads this host's environment): it runs before the job's environment is set.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ import subprocess
 import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from horovod.common.config import environ_snapshot
+from horovod.runner.procgroup import forward_signals, signal_group, start_session
+
+__all__ = ["PayloadError", "parse_payload", "make_payload", "probe", "supervise", "main", "MAX_PAYLOAD_BYTES",
+           "PAYLOAD_VERSION"]
 
 MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 PAYLOAD_VERSION = 1
@@ -75,13 +82,6 @@ def probe(addresses: Sequence[str], timeout: float) -> Dict[str, bool]:
     return reachable
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def supervise(child: subprocess.Popen, stdin, grace: float) -> int:
     """Wait for ``child``; stop its process group when ``stdin`` ends or a signal arrives. Returns the exit status."""
     wake = threading.Event()
@@ -101,23 +101,22 @@ def supervise(child: subprocess.Popen, stdin, grace: float) -> int:
         child.wait()
         wake.set()
 
-    def on_signal(signum, frame) -> None:
+    def on_signal(signum: int) -> None:
         stop_reason.append(signal.Signals(signum).name)
         wake.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    threading.Thread(target=await_child, daemon=True).start()
-    while not wake.wait(1.0):  # bounded waits keep the main thread responsive to signals
-        pass
-    if child.poll() is None and stop_reason:
-        _signal_group(child.pid, signal.SIGTERM)
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
+    with forward_signals(on_signal, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+        threading.Thread(target=watch_stdin, daemon=True).start()
+        threading.Thread(target=await_child, daemon=True).start()
+        while not wake.wait(1.0):  # bounded waits keep the main thread responsive to signals
             pass
-    _signal_group(child.pid, signal.SIGKILL)  # the worker, or whatever it left behind in its group
+        if child.poll() is None and stop_reason:
+            signal_group(child.pid, signal.SIGTERM)
+            try:
+                child.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        signal_group(child.pid, signal.SIGKILL)  # the worker, or whatever it left behind in its group
     code = child.wait()
     return code if code >= 0 else 128 - code
 
@@ -147,9 +146,9 @@ def _run_worker(stdin) -> int:
         print(f"horovod: working directory {payload['cwd']!r} does not exist on host {socket.gethostname()} "
               f"({exc.strerror}); it is carried over from the launcher", file=sys.stderr, flush=True)
         return 126
-    env = {**os.environ, **payload["env"]}
+    env = {**environ_snapshot(), **payload["env"]}
     try:
-        child = subprocess.Popen(payload["command"], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = start_session(payload["command"], env, pipes=False)
     except OSError as exc:
         print(f"horovod: cannot start {payload['command'][0]!r} on host {socket.gethostname()}: "
               f"{exc.strerror or exc}", file=sys.stderr, flush=True)

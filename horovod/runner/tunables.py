@@ -9,16 +9,22 @@ command line win over the file. Both mappings are pure functions.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional
+import sys
+from typing import Any, Callable, Dict, List, Mapping, MutableMapping, Optional
 
-from horovod.common.config import SETTINGS, Setting
+from horovod.common.config import LOG_LEVELS, SETTINGS, Setting
 from horovod.common.exceptions import HorovodConfigError
 
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+__all__ = ["LOG_LEVELS", "flag_settings", "dest_of", "add_tunable_flags", "tunables_to_env", "warn_inert",
+           "config_file_values", "apply_config_file", "load_config_file"]
 
 # Horovod exports the autotune knobs only with --autotune, and stall timings only while the stall check is on.
 _NEEDS_AUTOTUNE = "HOROVOD_AUTOTUNE_"
 _NEEDS_STALL_CHECK = ("HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def flag_settings() -> List[Setting]:
@@ -31,32 +37,30 @@ def dest_of(setting: Setting) -> str:
     return setting.flag.lstrip("-").replace("-", "_")
 
 
+_BY_FLAG = {s.flag: s for s in flag_settings()}
+
+
 def _flag_type(setting: Setting):
     def parse(text: str) -> Any:
         try:
-            value = setting.parse(text)
+            return setting.parse(text)
         except HorovodConfigError as exc:
             raise argparse.ArgumentTypeError(f"{exc} (flag {setting.flag})") from None
-        if setting.env == "HOROVOD_LOG_LEVEL":
-            value = _check_log_level(value)
-        return value
     parse.__name__ = setting.type.__name__
     return parse
 
 
-def _check_log_level(value: str) -> str:
-    if value.upper() not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"log level {value!r} is not one of {', '.join(LOG_LEVELS)}")
-    return value.upper()
-
-
 def add_tunable_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one option per flagged setting to ``parser``; every default is None so explicit flags can be told apart."""
+    """Add one option per flagged setting to ``parser``; every default is None so explicit flags can be told apart.
+
+    Flags of inert settings are still parsed (command lines written for Horovod keep working) but hidden from
+    ``--help``; :func:`warn_inert` says they have no effect.
+    """
     group = parser.add_argument_group("tunable parameters (passed to workers as HOROVOD_* variables)")
     for setting in flag_settings():
         dest = dest_of(setting)
         shown = setting.default if not setting.flag_scale else setting.default // setting.flag_scale
-        help_text = f"{setting.help} ({setting.env}; default: {shown})"
+        help_text = argparse.SUPPRESS if setting.inert else f"{setting.help} ({setting.env}; default: {shown})"
         if setting.type is bool:
             group.add_argument(setting.flag, dest=dest, action="store_true", default=None, help=help_text)
             if not setting.flag.startswith("--no-"):
@@ -69,8 +73,8 @@ def add_tunable_flags(parser: argparse.ArgumentParser) -> None:
 def tunables_to_env(values: Mapping[str, Any]) -> Dict[str, str]:
     """Map parsed flag values (by argparse destination) to the workers' ``HOROVOD_*`` variables.
 
-    Unset values (None) and launcher-only settings (``--start-timeout``) are left out, so workers fall back to
-    Horovod's defaults. ``--fusion-threshold-mb`` is scaled to bytes.
+    Unset values (None), launcher-only settings and inert ones are left out, so workers fall back to Horovod's
+    defaults. ``--fusion-threshold-mb`` is scaled to bytes.
 
     Args:
         values: e.g. ``vars(args)``; keys other than tunable destinations are ignored.
@@ -86,13 +90,15 @@ def tunables_to_env(values: Mapping[str, Any]) -> Dict[str, str]:
     stall_check = not values.get("no_stall_check")
     for setting in flag_settings():
         value = values.get(dest_of(setting))
-        if value is None or setting.launcher_only:
+        if value is None:
+            continue
+        _validate(setting, value)
+        if setting.launcher_only or setting.inert:
             continue
         if setting.env.startswith(_NEEDS_AUTOTUNE) and not autotune:
             continue
         if setting.env in _NEEDS_STALL_CHECK and not stall_check:
             continue
-        _validate(setting, value)
         if setting.type is bool:
             env[setting.env] = "1" if value else "0"
         elif setting.flag_scale:
@@ -105,29 +111,28 @@ def tunables_to_env(values: Mapping[str, Any]) -> Dict[str, str]:
 def _validate(setting: Setting, value: Any) -> None:
     if setting.type is bool or value is None or isinstance(value, str):
         return
-    if setting.minimum is not None and value < setting.minimum:
-        raise HorovodConfigError(f"{setting.flag} must be >= {setting.minimum}, got {value}")
-    if setting.env == "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE" and not 0 <= value <= 1:
-        raise HorovodConfigError(f"{setting.flag} must be in [0, 1], got {value}")
+    setting.check(value, source=setting.flag)
 
 
-# YAML: section → {key in the section: argparse destination}. "enabled" of stall_check is inverted.
+def warn_inert(values: Mapping[str, Any], log: Callable[[str], None] = _stderr) -> List[str]:
+    """Say, for each flag given (or set by the config file) whose setting has no effect here, that it is ignored.
+
+    Returns:
+        The flags named.
+    """
+    named = [s.flag for s in flag_settings() if s.inert and values.get(dest_of(s)) is not None]
+    for flag in named:
+        log(f"horovodrun: warning: {flag} is ignored: {_BY_FLAG[flag].inert}")
+    return named
+
+
 def _section_keys() -> Dict[str, Dict[str, str]]:
-    dests = {dest_of(s) for s in flag_settings()}
-    prefixed = {"autotune": "autotune_", "timeline": "timeline_", "stall_check": "stall_check_", "logging": "log_"}
-    sections: Dict[str, Dict[str, str]] = {
-        "params": {d: d for d in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity", "hierarchical_allreduce",
-                                  "hierarchical_allgather", "torus_allreduce")},
-        "library_options": {d: d for d in ("mpi_threads_disable", "num_nccl_streams", "thread_affinity",
-                                           "gloo_timeout_seconds")},
-    }
-    for section, prefix in prefixed.items():
-        sections[section] = {d[len(prefix):]: d for d in dests if d.startswith(prefix)}
-    sections["autotune"]["enabled"] = "autotune"
-    sections["autotune"]["log_file"] = "autotune_log_file"
-    sections["stall_check"]["enabled"] = "no_stall_check"
-    sections["logging"]["level"] = "log_level"
-    sections["logging"]["without_timestamp"] = "log_without_timestamp"
+    """YAML ``section`` → {key in the section: argparse destination}, from each setting's ``yaml``."""
+    sections: Dict[str, Dict[str, str]] = {}
+    for setting in flag_settings():
+        if setting.yaml:
+            section, _, key = setting.yaml.partition(".")
+            sections.setdefault(section, {})[key] = dest_of(setting)
     return sections
 
 
@@ -137,9 +142,8 @@ def _coerce(setting: Optional[Setting], dest: str, value: Any) -> Any:
     if setting.type is bool:
         if not isinstance(value, bool):
             raise HorovodConfigError(f"config file: {dest} must be true or false, got {value!r}")
-        return value
-    parsed = setting.parse(str(value))
-    return _check_log_level(parsed) if setting.env == "HOROVOD_LOG_LEVEL" else parsed
+        return not value if setting.yaml_negates else value
+    return setting.parse(str(value))
 
 
 def config_file_values(document: Any, source: str = "config file") -> Dict[str, Any]:
@@ -177,10 +181,7 @@ def config_file_values(document: Any, source: str = "config file") -> Dict[str, 
             if dest is None:
                 raise HorovodConfigError(f"{source}: unknown key {key!r} in section {section!r}; known: "
                                          f"{', '.join(sorted(sections[section]))}")
-            value = _coerce(by_dest.get(dest), dest, value)
-            if dest == "no_stall_check":
-                value = not value
-            values[dest] = value
+            values[dest] = _coerce(by_dest[dest], dest, value)
     return values
 
 
@@ -212,6 +213,3 @@ def load_config_file(path: str) -> Dict[str, Any]:
         raise HorovodConfigError(f"config file {path!r} is not valid YAML: {exc}") from None
     return config_file_values(document, source=f"config file {path!r}")
 
-
-__all__ = ["LOG_LEVELS", "flag_settings", "dest_of", "add_tunable_flags", "tunables_to_env", "config_file_values",
-           "apply_config_file", "load_config_file"]

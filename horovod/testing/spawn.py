@@ -17,8 +17,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import cloudpickle
 
 from horovod.runner.hosts import HostInfo, get_host_assignments
-from horovod.runner.launch import LaunchConfig, launch_local, package_pythonpath, rendezvous_service
-from horovod.runner.processes import JobResult
+from horovod.runner.launch import LaunchConfig, launch_local, package_pythonpath
+from horovod.runner.rendezvous import rendezvous_service
+from horovod.runner.supervisor import JobResult
 from horovod.runner.run_task import FUNC_KEY, TaskOutcome
 
 SPAWN_SCOPE = "spawn_ranks"

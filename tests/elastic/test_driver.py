@@ -12,7 +12,7 @@ from horovod.runner.elastic.driver import (Blacklist, DriverView, ElasticSetting
                                            slot_keys)
 from horovod.runner.elastic.job import ElasticJob
 from horovod.runner.hosts import HostInfo
-from horovod.runner.processes import WorkerExit
+from horovod.runner.supervisor import WorkerExit
 from horovod.runner.rendezvous import KVStore
 
 pytestmark = pytest.mark.unit

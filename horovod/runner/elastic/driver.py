@@ -21,9 +21,9 @@ import dataclasses
 import math
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
-from horovod.elastic.protocol import HostUpdateResult, slot_key
+from horovod.common.elastic_records import HostUpdateResult, slot_key
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
-from horovod.runner.processes import WorkerExit, failure_message
+from horovod.runner.supervisor import WorkerExit, failure_message
 
 RESET_LIMIT_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
 

@@ -12,13 +12,13 @@ import sys
 import time
 from typing import Callable, List, Optional, Tuple
 
-from horovod.elastic import protocol
+from horovod.common import elastic_records as protocol
 from horovod.runner.elastic.discovery import DISCOVER_HOSTS_FREQUENCY_SECS, HostDiscoveryError
 from horovod.runner.elastic.driver import (Blacklist, DriverView, ElasticSettings, Kill, Publish, Spawn, Stop, Wait,
                                            decide, host_update, plan_assignment, slot_keys)
 from horovod.runner.elastic.registry import WorkerRecord, WorkerRegistry
 from horovod.runner.hosts import HostInfo
-from horovod.runner.processes import WorkerExit
+from horovod.runner.supervisor import WorkerExit
 
 
 def _stderr_log(text: str) -> None:
@@ -32,7 +32,7 @@ class ElasticJob:
         settings: the job's knobs.
         discovery: has ``find_available_hosts_and_slots() -> [HostInfo]``.
         spawner: has ``spawn(slot) -> pid``, ``send_signal(key, sig)``, ``exits(timeout) -> [(key, pid, code)]``,
-            ``forget(key, pid)`` and ``close()`` (see :class:`~horovod.runner.elastic.executor.LocalSpawner`).
+            ``forget(key, pid)`` and ``close()`` (see :class:`~horovod.runner.elastic.spawner.ElasticSpawner`).
         store: the rendezvous store (``put/get/delete/keys``).
         clock, uniform: time source and U(0,1) source.
     """

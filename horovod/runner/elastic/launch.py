@@ -1,23 +1,31 @@
-"""Start an elastic job from ``horovodrun``'s flags or ``horovod.run``'s arguments."""
+"""Start an elastic job from ``horovodrun``'s flags or ``horovod.run``'s arguments.
+
+The same pipeline as a static job, one slot at a time: the driver (:mod:`.job`) plans slots, the
+:class:`~horovod.runner.backends.ssh.SshBackend` starts each worker locally or over ssh, one
+:class:`~horovod.runner.supervisor.Supervisor` relays output and reaps, and SIGINT/SIGTERM stop the job.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import threading
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, TextIO, Tuple
 
 from horovod.common import config
 from horovod.runner import network
+from horovod.runner.backends.ssh import SshBackend
 from horovod.runner.elastic.discovery import FixedHosts, HostDiscoveryError, HostDiscoveryScript
 from horovod.runner.elastic.driver import ElasticSettings
-from horovod.runner.elastic.executor import LocalSpawner, SshHosts
 from horovod.runner.elastic.job import ElasticJob
+from horovod.runner.elastic.spawner import ElasticSpawner
 from horovod.runner.hosts import resolve_hosts
-from horovod.runner.multihost import RendezvousPool, _nics, launcher_environment, plan_rendezvous, remote_hosts
-from horovod.runner.processes import OutputSink
-from horovod.runner.ssh import SshConfig
+from horovod.runner.network import parse_nics
+from horovod.runner.output import OutputSink
+from horovod.runner.procgroup import forward_signals
+from horovod.runner.rendezvous import LOOPBACK, RendezvousPool, plan_rendezvous, remote_hosts
+from horovod.runner.ssh import SshConfig, ssh_config
+from horovod.runner.supervisor import Supervisor
+
+__all__ = ["is_elastic", "settings_from_values", "discovery_from_values", "local_rendezvous_address",
+           "run_elastic_job", "main_elastic"]
 
 
 def is_elastic(values: Mapping[str, Any]) -> bool:
@@ -55,13 +63,6 @@ def discovery_from_values(values: Mapping[str, Any]):
     return FixedHosts(resolve_hosts(count, values.get("hosts"), values.get("hostfile")))
 
 
-def ssh_from_values(values: Mapping[str, Any], settings: ElasticSettings) -> SshConfig:
-    """How to reach remote hosts: ``-p``, ``-i``, ``HOROVOD_SSH_ARGS``; each host check is bounded by the start
-    timeout."""
-    return SshConfig.from_values(values.get("ssh_port"), values.get("ssh_identity_file"),
-                                 config.load_config().ssh_args, settings.start_timeout)
-
-
 def local_rendezvous_address(discovery, nics: Sequence[str]) -> str:
     """The address workers on this machine use: ``--network-interface``'s, else as for a static job of the first
     discovered hosts (not loopback when some of them are remote, so what those workers publish is reachable from the
@@ -71,24 +72,10 @@ def local_rendezvous_address(discovery, nics: Sequence[str]) -> str:
             return network.launcher_addresses(["localhost"], nics)["localhost"]
         hostnames = [h.hostname for h in discovery.find_available_hosts_and_slots()]
         if not remote_hosts(hostnames):
-            return "127.0.0.1"
+            return LOOPBACK
         return plan_rendezvous([*hostnames, "localhost"], nics)["localhost"]
     except (HostDiscoveryError, network.NetworkError):
-        return "127.0.0.1"
-
-
-@contextlib.contextmanager
-def _forward_signals(job: ElasticJob) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, lambda signum, frame: job.interrupt(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        return LOOPBACK
 
 
 def run_elastic_job(command: Sequence[str], settings: ElasticSettings, discovery, extra_env: Mapping[str, str],
@@ -104,26 +91,22 @@ def run_elastic_job(command: Sequence[str], settings: ElasticSettings, discovery
         ssh: how to reach hosts that are not this machine (default: ``HOROVOD_SSH_ARGS``, start timeout).
         nics: ``--network-interface(s)``, for the rendezvous address each host uses.
     """
-    env = dict(extra_env)
-    env["HOROVOD_ELASTIC_TIMEOUT"] = repr(settings.elastic_timeout)
-    env["HOROVOD_START_TIMEOUT"] = repr(settings.start_timeout)
-    if ssh is None:
-        ssh = SshConfig.from_values(None, None, config.load_config().ssh_args, settings.start_timeout)
-    pool = RendezvousPool()
-    try:
-        rendezvous = pool.serve(local_rendezvous_address(discovery, nics))
+    env = {**extra_env, "HOROVOD_ELASTIC_TIMEOUT": repr(settings.elastic_timeout),
+           "HOROVOD_START_TIMEOUT": repr(settings.start_timeout)}
+    backend = SshBackend(ssh or ssh_config({"start_timeout": settings.start_timeout}))
+    with RendezvousPool() as pool:
+        local_address = local_rendezvous_address(discovery, nics)
+        pool.serve(local_address)
         if prepare_store is not None:
             prepare_store(pool.store)
-        sink = OutputSink(0, stdout, stderr, None, prefix_timestamp)
-        remote = SshHosts(ssh, pool, launcher_environment(), os.getcwd(), nics)
-        spawner = LocalSpawner(command, rendezvous, config.environ_snapshot(), env, sink, remote=remote)
+        supervisor = Supervisor(OutputSink(0, stdout, stderr, None, prefix_timestamp))
+        spawner = ElasticSpawner(command, backend, supervisor, lambda host: pool.serve_for(host, nics, local_address),
+                                 config.environ_snapshot(), env)
         job = ElasticJob(settings, discovery, spawner, pool.store)
-        with _forward_signals(job):
+        with forward_signals(job.interrupt):
             result = job.run()
         if finish_store is not None:
             finish_store(pool.store)
-    finally:
-        pool.close()
     return result
 
 
@@ -132,9 +115,5 @@ def main_elastic(values: Mapping[str, Any], env: Mapping[str, str]) -> int:
     settings = settings_from_values(values)
     code, _ = run_elastic_job(values["command"], settings, discovery_from_values(values), env,
                               prefix_timestamp=bool(values.get("prefix_output_with_timestamp")),
-                              ssh=ssh_from_values(values, settings), nics=_nics(values))
+                              ssh=ssh_config(values), nics=parse_nics(values.get("nic"), values.get("nics")))
     return code
-
-
-__all__ = ["is_elastic", "settings_from_values", "discovery_from_values", "ssh_from_values",
-           "local_rendezvous_address", "run_elastic_job", "main_elastic"]

@@ -1,0 +1,98 @@
+"""The ssh backend: workers of this machine start as local processes, those of other hosts through ssh.
+
+This is the runner's one place that decides local-or-ssh per slot, for static and elastic jobs alike. Before the
+first worker of a remote host starts, the host is checked once (:func:`horovod.runner.ssh.check_hosts`, in parallel
+and bounded by the start timeout): ssh logs in, the remote Python runs horovod, and the host reaches the rendezvous
+address its workers were given. A remote worker is ``ssh ... python -m horovod.runner.ssh_boot``; its environment
+(secret included), working directory and command travel as one payload line on ssh's standard input, which stays
+open for the worker's life: releasing the handle or killing the ssh client ends the channel, and the remote side
+stops the worker's process group (see :mod:`horovod.runner.ssh_boot`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set
+
+from horovod.common import config
+from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_each
+from horovod.runner.backends.local import start_local
+from horovod.runner.hosts import is_local_host
+from horovod.runner.launch import LAUNCHER_VARS
+from horovod.runner.procgroup import ProcessHandle, start_session
+from horovod.runner.ssh import SshConfig, boot_command, check_hosts, remote_env, ssh_argv
+from horovod.runner.ssh_boot import make_payload
+
+__all__ = ["SshBackend", "launcher_environment", "rendezvous_probes"]
+
+
+def launcher_environment() -> Dict[str, str]:
+    """The launcher's environment without any variable a launcher decides (never a job secret): what ssh clients
+    run with."""
+    return {k: v for k, v in config.environ_snapshot().items() if k not in LAUNCHER_VARS}
+
+
+def rendezvous_probes(launches: Sequence[WorkerLaunch]) -> Dict[str, List[str]]:
+    """For each remote host of ``launches``, the rendezvous addresses (``addr:port``) its workers were given."""
+    probes: Dict[str, List[str]] = {}
+    for launch in launches:
+        if is_local_host(launch.hostname):
+            continue
+        address = f"{launch.env['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{launch.env['HOROVOD_GLOO_RENDEZVOUS_PORT']}"
+        known = probes.setdefault(launch.hostname, [])
+        if address not in known:
+            known.append(address)
+    return probes
+
+
+class SshBackend:
+    """Starts each worker locally or over ssh, by its host; checks every remote host once, before its first worker.
+
+    Args:
+        ssh: how to reach remote hosts (:func:`horovod.runner.ssh.ssh_config`); ``ssh.timeout`` bounds each check.
+        ssh_env: the ssh clients' environment (default: :func:`launcher_environment`).
+        cwd: the working directory remote workers start in (default: this one).
+        log: where to report the checks (None: silent).
+        popen: the process spawner (a parameter so tests can substitute it).
+    """
+
+    name = "ssh"
+
+    def __init__(self, ssh: SshConfig, ssh_env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                 log: Optional[Callable[[str], None]] = None,
+                 popen: Callable[..., subprocess.Popen] = subprocess.Popen):
+        self.ssh = ssh
+        self.ssh_env = dict(launcher_environment() if ssh_env is None else ssh_env)
+        self.cwd = os.getcwd() if cwd is None else cwd
+        self._log = log
+        self._popen = popen
+        self._checked: Set[str] = set()
+
+    def check(self, launches: Sequence[WorkerLaunch]) -> None:
+        """Check the remote hosts of ``launches`` not checked before, all in parallel.
+
+        Raises:
+            HostCheckError: naming every host that failed and why (ssh's own words); nothing was started.
+        """
+        probes = {h: p for h, p in rendezvous_probes(launches).items() if h not in self._checked}
+        if probes:
+            check_hosts(self.ssh, probes, self.ssh_env, self._log)
+            self._checked.update(probes)
+
+    def start(self, launches: Sequence[WorkerLaunch], grace_seconds: float) -> Dict[int, WorkerHandle]:
+        """Check new remote hosts, then start each worker; see :meth:`horovod.runner.backends.base.Backend.start`."""
+        self.check(launches)
+        return start_each(launches, lambda launch: self._start_one(launch, grace_seconds))
+
+    def _start_one(self, launch: WorkerLaunch, grace_seconds: float) -> WorkerHandle:
+        if is_local_host(launch.hostname):
+            return start_local(launch, self._popen)
+        argv = ssh_argv(self.ssh, launch.hostname, boot_command(self.ssh, "--rank", str(launch.rank)))
+        proc = start_session(argv, self.ssh_env, stdin=subprocess.PIPE, popen=self._popen)
+        try:
+            proc.stdin.write(make_payload(launch.command, remote_env(launch.env), self.cwd, grace_seconds))
+            proc.stdin.flush()
+        except OSError:
+            pass  # ssh already exited; its exit status tells why
+        return ProcessHandle(proc, channel=proc.stdin)
