@@ -226,6 +226,8 @@ class Config:
                               "connection set-up by it)", flag="--start-timeout", minimum=0, side="both")
     elastic_timeout: float = _s(600.0, "seconds an elastic job waits for enough slots", flag="--elastic-timeout",
                                 minimum=0, side="both")
+    spark_start_timeout: float = _s(600.0, "seconds horovod.spark waits for the Spark tasks of a job to start",
+                                    minimum=0, side="launcher")
     # Many hosts (ssh launch, workers started by mpirun or srun): see docs/cluster.md.
     rendezvous_addr: Optional[str] = _s(None, "under mpirun/srun without horovodrun: address where rank 0 serves the "
                                         "job's rendezvous (an address of rank 0's host)")
