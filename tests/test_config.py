@@ -172,7 +172,8 @@ def test_config_file_not_yaml(tmp_path):
 
 
 def test_settings_are_typed_fields_with_their_facts():
-    config = load_config({"HOROVOD_FUSION_THRESHOLD": "5", "HOROVOD_NEGOTIATION": " Peer ", "HOROVOD_LOG_LEVEL": "debug"})
+    config = load_config({"HOROVOD_FUSION_THRESHOLD": "5", "HOROVOD_NEGOTIATION": " Peer ",
+                          "HOROVOD_LOG_LEVEL": "debug"})
     assert config.fusion_threshold == 5 and config.negotiation == "peer" and config.log_level == "DEBUG"
     assert config.is_explicit("HOROVOD_FUSION_THRESHOLD") and not config.is_explicit("HOROVOD_CYCLE_TIME")
     assert {f.name for f in dataclasses.fields(Config)} >= {s.attr for s in SETTINGS}

@@ -29,6 +29,7 @@ def make_secret() -> bytes:
 
 
 def sign(secret: bytes, method: str, path: str, nonce: str, body: bytes) -> str:
+    """The HMAC-SHA256 signature (hex) of one request: method, path, nonce and the body's digest."""
     message = b"\n".join([method.encode(), path.encode(), nonce.encode(), hashlib.sha256(body).digest()])
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
@@ -75,6 +76,7 @@ class RendezvousClient:
             raise RendezvousError(f"rendezvous {what} refused with HTTP {status}: {body[:200]!r}")
 
     def put(self, scope: str, key: str, value: bytes) -> None:
+        """Store ``value`` under ``scope/key``, replacing any earlier value."""
         status, body = self._request("PUT", self._path("kv", scope, key), value)
         self._check(status, body, f"PUT {scope}/{key}")
 
@@ -94,6 +96,7 @@ class RendezvousClient:
                                       f"waiting for rendezvous key {scope}/{key}")
 
     def try_get(self, scope: str, key: str) -> Optional[bytes]:
+        """The value of ``scope/key`` now, or None if there is none (no waiting)."""
         status, body = self._request("GET", self._path("kv", scope, key) + "?wait=0")
         if status == 404:
             return None
@@ -101,21 +104,25 @@ class RendezvousClient:
         return body
 
     def delete(self, scope: str, key: Optional[str] = None) -> None:
+        """Delete ``scope/key``, or the whole scope when ``key`` is None."""
         path = self._path("kv", scope) if key is None else self._path("kv", scope, key)
         status, body = self._request("DELETE", path)
         self._check(status, body, f"DELETE {path}")
 
     def keys(self, scope: str) -> List[str]:
+        """The keys of ``scope``, sorted."""
         status, body = self._request("GET", self._path("keys", scope))
         self._check(status, body, f"GET keys of {scope}")
         return [k for k in body.decode().split("\n") if k]
 
 
 def secret_to_hex(secret: bytes) -> str:
+    """The job secret as the hex text workers receive in ``HOROVOD_SECRET_KEY``."""
     return secret.hex()
 
 
 def secret_from_hex(text: str) -> bytes:
+    """The job secret from ``HOROVOD_SECRET_KEY``'s hex text; raises HorovodConfigError if it is not hex."""
     try:
         return bytes.fromhex(text)
     except ValueError:

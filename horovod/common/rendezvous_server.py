@@ -37,11 +37,13 @@ class KVStore:
         self._changed = threading.Condition()
 
     def put(self, scope: str, key: str, value: bytes) -> None:
+        """Store ``value`` under ``scope/key`` and wake every waiting reader."""
         with self._changed:
             self._data.setdefault(scope, {})[key] = value
             self._changed.notify_all()
 
     def get(self, scope: str, key: str, wait: float = 0.0) -> Optional[bytes]:
+        """The value of ``scope/key``, waiting up to ``wait`` seconds for it; None if it did not come."""
         deadline = time.monotonic() + wait
         with self._changed:
             while True:
@@ -52,6 +54,7 @@ class KVStore:
                 self._changed.wait(remaining)
 
     def delete(self, scope: str, key: Optional[str] = None) -> None:
+        """Delete ``scope/key``, or the whole scope when ``key`` is None."""
         with self._changed:
             if key is None:
                 self._data.pop(scope, None)
@@ -60,6 +63,7 @@ class KVStore:
             self._changed.notify_all()
 
     def keys(self, scope: str) -> List[str]:
+        """The keys of ``scope``, sorted."""
         with self._changed:
             return sorted(self._data.get(scope, {}))
 
@@ -188,10 +192,12 @@ class RendezvousServer:
 
     @property
     def port(self) -> int:
+        """The port the server listens on (after :meth:`start`)."""
         assert self._server is not None, "server not started"
         return self._server.server_address[1]
 
     def stop(self) -> None:
+        """Stop serving and close the listening socket; a server never started is fine."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -17,6 +17,9 @@ import cloudpickle
 from horovod.common.config import load_config
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
 
+__all__ = ["TaskOutcome", "capture", "dumps_outcome", "client_from_env", "run_published", "main", "FUNC_SCOPE",
+           "FUNC_KEY", "RESULT_SCOPE"]
+
 FUNC_SCOPE = "runfunc"
 FUNC_KEY = "func"
 RESULT_SCOPE = "runfunc_result"

@@ -2,11 +2,11 @@
 
 A backend receives the planned workers, each a :class:`WorkerLaunch` (its slot, command line and complete
 environment, rendezvous address and job secret included), and returns one :class:`WorkerHandle` per process it
-started, by rank. It decides nothing about ranks, environments or failures: the pipeline (:mod:`horovod.runner.launch`)
-plans those, and the :class:`~horovod.runner.supervisor.Supervisor` relays the handles' output, forwards signals,
-fails fast and reaps them. Writing a backend (Ray actors, Spark tasks) means implementing :meth:`Backend.start` (usually with
-:func:`start_each`) and,
-for processes that are not local ``Popen`` objects, a handle with the six members of :class:`WorkerHandle`.
+started, by rank. It decides nothing about ranks, environments or failures: the pipeline
+(:mod:`horovod.runner.launch`) plans those, and the :class:`~horovod.runner.supervisor.Supervisor` relays the
+handles' output, forwards signals, fails fast and reaps them. Writing a backend (Ray actors, Spark tasks) means
+implementing :meth:`Backend.start` (usually with :func:`start_each`) and, for workers that are not local ``Popen``
+objects, a handle with the members of :class:`WorkerHandle`.
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ class FixedHosts:
         self.hosts = list(hosts)
 
     def find_available_hosts_and_slots(self) -> List[HostInfo]:
+        """The fixed hosts."""
         return list(self.hosts)
 
 

@@ -83,28 +83,33 @@ class DriverView:
 
 @dataclasses.dataclass(frozen=True)
 class Wait:
+    """Do nothing this tick; ``for_slots``: because too few slots are available (the elastic timeout runs)."""
     for_slots: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class Spawn:
+    """Start workers on these slots (they have none yet)."""
     slots: Tuple[SlotInfo, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class Kill:
+    """Kill these workers (by slot key), for ``reason``."""
     keys: Tuple[str, ...]
     reason: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Publish:
+    """Publish the next round: these slots get assignments, the workers of ``removed`` are told to leave."""
     slots: Tuple[SlotInfo, ...]
     removed: Tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class Stop:
+    """End the job with ``exit_code``, saying ``message``."""
     exit_code: int
     message: str = ""
 
@@ -125,6 +130,7 @@ def plan_assignment(current_hosts: Sequence[str], available: Sequence[HostInfo],
 
 
 def slot_keys(slots: Sequence[SlotInfo]) -> FrozenSet[str]:
+    """The slot keys (``host:local_rank``) of ``slots``."""
     return frozenset(slot_key(s.hostname, s.local_rank) for s in slots)
 
 
@@ -161,9 +167,11 @@ class Blacklist:
         return until
 
     def blocked(self, host: str, now: float) -> bool:
+        """Whether ``host`` is blacklisted at time ``now``."""
         return host in self.entries and now < self.entries[host][1]
 
     def permanent(self, host: str) -> bool:
+        """Whether ``host`` is blacklisted for good (no cooldown range)."""
         return host in self.entries and self.entries[host][1] == math.inf
 
 

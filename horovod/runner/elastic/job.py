@@ -145,6 +145,7 @@ class ElasticJob:
             self.log(f"hosts updated ({protocol.HostUpdateResult(flags).name}); workers re-form at their next commit")
 
     def view(self, now: float) -> DriverView:
+        """What :func:`~horovod.runner.elastic.driver.decide` looks at, as observed now."""
         discovered = self.discovered or []
         return DriverView(now=now, round=self.round, resets=self.resets, workers=self.registry.views(),
                           available=self._available(now), current_hosts=self.current_hosts,

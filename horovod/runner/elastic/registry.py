@@ -23,6 +23,7 @@ class WorkerRecord:
     expected_exit: bool = False     # told to stop (host removed, job ended): its exit is no failure
 
     def view(self) -> WorkerView:
+        """This worker as the driver's decisions see it."""
         return WorkerView(self.key, self.hostname, self.local_rank, self.ready, self.in_round, self.started_at)
 
 
@@ -33,11 +34,13 @@ class WorkerRegistry:
         self._workers: Dict[str, WorkerRecord] = {}
 
     def add(self, record: WorkerRecord) -> None:
+        """Register a started worker; raises ValueError if its slot already has one."""
         if record.key in self._workers:
             raise ValueError(f"slot {record.key} already has a live worker (pid {self._workers[record.key].pid})")
         self._workers[record.key] = record
 
     def get(self, key: str) -> Optional[WorkerRecord]:
+        """The live worker of slot ``key``, or None."""
         return self._workers.get(key)
 
     def pop(self, key: str, pid: int) -> Optional[WorkerRecord]:
@@ -48,6 +51,7 @@ class WorkerRegistry:
         return self._workers.pop(key)
 
     def views(self) -> Tuple[WorkerView, ...]:
+        """Every live worker as the driver's decisions see it."""
         return tuple(r.view() for r in self._workers.values())
 
     def __iter__(self) -> Iterator[WorkerRecord]:
