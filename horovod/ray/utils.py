@@ -1,0 +1,36 @@
+"""What every Ray job of Horovod's needs from the driver: the settings it passes on, and where workers reach it."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Mapping, Optional, Union
+
+import ray
+
+from horovod.common import config
+
+__all__ = ["settings_env", "job_extra_env", "driver_address"]
+
+
+def settings_env() -> Dict[str, str]:
+    """The driver's own ``HOROVOD_*`` settings (``HOROVOD_FUSION_THRESHOLD``...), for every worker: a Ray actor does not
+    inherit the driver's environment. The launcher's per-worker variables are replaced by
+    :func:`horovod.runner.launch.worker_env`; ``HOROVOD_ELASTIC`` is the job's to decide."""
+    return {k: v for k, v in config.environ_snapshot().items()
+            if k in config.SETTINGS_BY_ENV and k != "HOROVOD_ELASTIC"}
+
+
+def job_extra_env(timeout_s: Optional[float], nics: Optional[Union[str, Iterable[str]]],
+                  extra: Optional[Mapping[str, Any]]) -> Dict[str, str]:
+    """Variables for every worker of a job: the start timeout, the data-plane interfaces and the caller's own."""
+    env: Dict[str, str] = {}
+    if timeout_s is not None:
+        env["HOROVOD_START_TIMEOUT"] = repr(float(timeout_s))
+    if nics:
+        env["HOROVOD_GLOO_IFACE"] = nics if isinstance(nics, str) else ",".join(sorted(nics))
+    env.update({str(k): str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def driver_address() -> str:
+    """The address of the driver's Ray node: where every worker of the cluster reaches the rendezvous."""
+    return ray.util.get_node_ip_address()

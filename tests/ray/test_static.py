@@ -1,0 +1,199 @@
+"""RayExecutor on a real one-node Ray cluster: 1, 2 and 3 workers, every call, failures, clean shutdown (tier ranks)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ray_clusters import local_ray
+
+ray = pytest.importorskip("ray")
+from horovod.ray import RayExecutor  # noqa: E402
+
+pytestmark = pytest.mark.ranks
+
+CPUS = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    with local_ray(CPUS):
+        yield
+
+
+def _settings(**kw):
+    return RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=kw.pop("pg_timeout", 30), **kw)
+
+
+@pytest.fixture
+def executor_of():
+    made = []
+
+    def make(**kwargs):
+        ex = RayExecutor(_settings(), **kwargs)
+        made.append(ex)
+        return ex
+    yield make
+    for ex in made:
+        ex.shutdown()
+
+
+def collectives(offset):
+    import horovod.numpy as hvd
+    hvd.init()
+    r, s = hvd.rank(), hvd.size()
+    total = hvd.allreduce(np.arange(5, dtype=np.float64) + r, op=hvd.Sum)
+    gathered = hvd.allgather(np.full((r + 1, 2), r, dtype=np.int32))
+    root = hvd.broadcast(np.full(3, float(r)), root_rank=s - 1)
+    return dict(rank=r, size=s, local=(hvd.local_rank(), hvd.local_size()), cross=(hvd.cross_rank(), hvd.cross_size()),
+                total=total.tolist(), gathered=gathered.tolist(), root=root.tolist(), pid=os.getpid(), offset=offset)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_run_collectives_results_in_rank_order(executor_of, workers):
+    ex = executor_of(num_workers=workers)
+    ex.start()
+    results = ex.run(collectives, args=[7])
+    assert [r["rank"] for r in results] == list(range(workers))
+    expected_total = (np.arange(5) * workers + sum(range(workers))).tolist()
+    for rank, r in enumerate(results):
+        assert r["size"] == workers and r["offset"] == 7
+        assert r["local"] == (rank, workers) and r["cross"] == (0, 1)   # one node: one host
+        assert r["total"] == expected_total
+        assert r["gathered"] == [[q, q] for q in range(workers) for _ in range(q + 1)]
+        assert r["root"] == [float(workers - 1)] * 3
+    assert len({r["pid"] for r in results}) == workers
+    assert ex.run(lambda a, b=0: a + b, args=[1], kwargs={"b": 2}) == [3] * workers
+
+
+class Counter:
+    def __init__(self, start, step=1):
+        self.value, self.step = start, step
+
+    def bump(self):
+        self.value += self.step
+        return self.value
+
+
+def test_executable_class_execute_and_execute_single(executor_of):
+    ex = executor_of(num_workers=2)
+    ex.start(executable_cls=Counter, executable_args=[10], executable_kwargs={"step": 5},
+             extra_env_vars={"MY_JOB_FLAG": "on"})
+    assert ex.execute(lambda c: c.bump()) == [15, 15]
+    assert ex.execute_single(lambda c: c.bump()) == 20
+    assert ex.execute(lambda c: c.value) == [20, 15]
+    assert ex.run(lambda: os.environ["MY_JOB_FLAG"]) == ["on", "on"]
+    env = ex.execute(lambda _: {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")})
+    assert [e["HOROVOD_RANK"] for e in env] == ["0", "1"] and env[0]["HOROVOD_SECRET_KEY"] == env[1]["HOROVOD_SECRET_KEY"]
+    assert env[0]["HOROVOD_START_TIMEOUT"] == "30.0"
+
+
+def test_run_remote_returns_refs_by_rank(executor_of):
+    ex = executor_of(num_workers=3)
+    ex.start()
+    refs = ex.run_remote(collectives, args=[1])
+    assert len(refs) == 3 and all(isinstance(r, ray.ObjectRef) for r in refs)
+    assert [r["rank"] for r in ray.get(refs)] == [0, 1, 2]
+
+
+def raise_on_one():
+    import horovod.numpy as hvd
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("bad batch on rank one")
+    return hvd.rank()
+
+
+def test_worker_exception_reaches_caller_with_traceback(executor_of):
+    ex = executor_of(num_workers=2)
+    ex.start()
+    with pytest.raises(ValueError, match="bad batch on rank one") as info:
+        ex.run(raise_on_one)
+    text = str(info.value)
+    assert "raise_on_one" in text and "test_static.py" in text       # the remote traceback
+    assert any("rank 1 of 2" in note for note in info.value.__notes__)
+    assert ex.run(lambda: "still usable") == ["still usable"] * 2     # nobody was left blocked
+
+
+def raise_while_peer_waits():
+    import horovod.numpy as hvd
+    hvd.init()
+    if hvd.rank() == 1:
+        raise KeyError("rank one gave up")
+    return hvd.allreduce(np.ones(3))      # never completes: rank 1 is not there
+
+
+def test_exception_while_peers_block_stops_the_job(executor_of):
+    ex = executor_of(num_workers=2)
+    ex.start()
+    pids = ex.adapter.pids
+    started = time.monotonic()
+    with pytest.raises(KeyError, match="rank one gave up"):
+        ex.run(raise_while_peer_waits)
+    assert time.monotonic() - started < 20
+    with pytest.raises(RuntimeError, match="stopped"):
+        ex.run(lambda: 1)
+    _assert_gone(pids)
+
+
+def test_killed_actor_fails_fast_with_horovods_message(executor_of):
+    ex = executor_of(num_workers=3)
+    ex.start()
+    pids = ex.adapter.pids
+    ray.kill(ex.workers[1])
+    with pytest.raises(RuntimeError, match="(?s)Process name: 1.*SIGKILL"):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ex.run(collectives, args=[0])
+    _assert_gone(pids)   # fail fast: the others were stopped too
+
+
+def _assert_gone(pids, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while any(os.path.exists(f"/proc/{p}") for p in pids):
+        assert time.monotonic() < deadline, f"worker processes still alive: {pids}"
+        time.sleep(0.05)
+
+
+def test_shutdown_leaves_no_actor_process_or_placement_group():
+    ex = RayExecutor(_settings(), num_workers=3)
+    ex.start()
+    ex.run(collectives, args=[0])
+    pids = ex.adapter.pids
+    assert len(pids) == 3 and all(p > 0 for p in pids)
+    ex.shutdown()
+    _assert_gone(pids)
+    assert ex.workers == []
+    deadline = time.monotonic() + 15
+    while ray.available_resources().get("CPU", 0) < CPUS:   # actors and their placement group released
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.05)
+    assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+
+
+def test_infeasible_spread_fails_within_placement_timeout():
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=2), num_hosts=2,
+                     num_workers_per_host=1)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="(?s)STRICT_SPREAD.*placement_group_timeout_s"):
+        ex.start()
+    assert time.monotonic() - started < 15
+    assert ex.workers == []
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="use_gpu"):
+        RayExecutor(_settings(), num_workers=1, gpus_per_worker=1)
+    with pytest.raises(ValueError, match="elastic or static"):
+        RayExecutor(_settings(), num_workers=2, min_workers=1)
+
+
+@pytest.mark.unit
+def test_import_without_ray_names_the_extra():
+    code = "import sys; sys.modules['ray'] = None\nimport horovod.ray"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "ImportError" in proc.stderr and "horovod-py[ray]" in proc.stderr
