@@ -7,6 +7,8 @@ from horovod.core import fusion
 from horovod.core.controller import Coordinator, Message
 from horovod.core.response_cache import ResponseCache, split_hits
 
+pytestmark = pytest.mark.unit
+
 
 def req(name, shape=(4,), dtype="float32", op=OpType.ALLREDUCE, **kw):
     return Request(name, op, dtype, shape, **kw)

@@ -1,0 +1,133 @@
+"""The pieces the engine is assembled from, tested without processes: the allreduce choice, fusion packing, the
+negotiated-data split, the transport layout, and the negotiation objects' choice and protocol."""
+
+import types
+
+import numpy as np
+import pytest
+
+from horovod.algorithms import allreduce as algorithms
+from horovod.algorithms.buffers import Buffers
+from horovod.algorithms.group import Group
+from horovod.common.types import OpType, ReduceOp, Response
+from horovod.core import fusion
+from horovod.core.negotiation import Batch, Negotiation, PeerNegotiation, StarFollower, StarRoot, for_loop
+from horovod.core.negotiation import oversubscribed
+from horovod.core.negotiation.inline import HeldData, collect
+from horovod.common.types import Request
+
+pytestmark = pytest.mark.unit
+
+
+def _group(shm_min=None, hierarchy=None, size=2):
+    shm = types.SimpleNamespace(min_bytes=shm_min) if shm_min is not None else None
+    return Group(tuple(range(size)), 0, None, shm, hierarchy)
+
+
+@pytest.mark.parametrize("group, nbytes, expected", [
+    (_group(), 4, algorithms.EXCHANGE),
+    (_group(), 64 << 10, algorithms.EXCHANGE),
+    (_group(), (64 << 10) + 4, algorithms.RING),
+    (_group(shm_min=1024), 4, algorithms.EXCHANGE),         # below HOROVOD_SHM_MIN_BYTES: the connections
+    (_group(shm_min=1024), 1024, algorithms.SHM),
+    (_group(shm_min=0, hierarchy=object()), 1 << 20, algorithms.HIERARCHICAL),
+])
+def test_allreduce_choice(group, nbytes, expected):
+    assert algorithms.choose(group, nbytes) == expected
+
+
+def test_single_rank_allreduce_scales_as_every_rank_would():
+    group = _group(size=1)
+    buf = np.array([1.0, 2.0, 3.0], np.float32)
+    algorithms.allreduce(group, buf, ReduceOp.AVERAGE, 2.0, 3.0, [3], Buffers())
+    assert buf.tolist() == [6.0, 12.0, 18.0]
+
+
+def _entry(array, output=None):
+    return types.SimpleNamespace(array=array, output=output)
+
+
+def test_fusion_packs_and_unpacks_a_batch_and_a_joined_rank_contributes_zeros():
+    response = Response(OpType.ALLREDUCE, ("a", "b", "c"), "float16", ((2,), (3,), (1,)))
+    entries = {"a": _entry(np.array([1, 2], np.float16)), "c": _entry(np.array([5], np.float16))}
+    counts = fusion.counts(response)
+    outputs = fusion.outputs(response, entries, np.dtype(np.float16))
+    assert set(outputs) == {"a", "c"}
+    buf, fused = fusion.pack(response, counts, entries, outputs, Buffers(), widen=True)
+    assert fused and buf.dtype == np.float32 and buf.tolist() == [1, 2, 0, 0, 0, 5]
+    buf *= 2
+    fusion.unpack(response, counts, outputs, buf, widen=True)
+    assert outputs["a"].tolist() == [2, 4] and outputs["c"].tolist() == [10] and outputs["a"].dtype == np.float16
+
+
+def test_a_single_native_tensor_is_reduced_in_its_output():
+    response = Response(OpType.ALLREDUCE, ("a",), "float32", ((3,),))
+    source, output = np.arange(3, dtype=np.float32), np.zeros(3, np.float32)
+    entries = {"a": _entry(source, output)}
+    outputs = fusion.outputs(response, entries, np.dtype(np.float32))
+    buf, fused = fusion.pack(response, fusion.counts(response), entries, outputs, Buffers(), widen=False)
+    assert not fused and np.shares_memory(buf, output) and output.tolist() == [0, 1, 2]
+
+
+def _allreduce(name, shape=(2,)):
+    return Response(OpType.ALLREDUCE, (name,), "float32", (shape,))
+
+
+def test_held_data_splits_a_batch_into_folded_and_ordinary_tensors():
+    held = HeldData()
+    held.hold(0, 0, {"a": b"A0", "b": b"B0"})
+    held.hold(0, 1, {"a": b"A1"})                   # member 1 sent no data for b
+    batches = held.batches(0, 2, [[_allreduce("a"), _allreduce("b")], [_allreduce("c")]])
+    assert batches == [Batch([_allreduce("a")], [b"A0", b"A1"]), Batch([_allreduce("b")]),
+                       Batch([_allreduce("c")])]
+    assert held.batches(0, 2, [[_allreduce("b")]]) == [Batch([_allreduce("b")])], "held data is used once"
+
+
+def test_held_data_of_a_failed_tensor_or_a_removed_set_is_dropped():
+    held = HeldData()
+    held.hold(1, 0, {"a": b"A0"})
+    held.hold(1, 1, {"a": b"A1"})
+    error = Response(OpType.ERROR, ("a",), error="mismatch")
+    assert held.batches(1, 2, [[error]]) == [Batch([error])]
+    assert held.batches(1, 2, [[_allreduce("a")]]) == [Batch([_allreduce("a")])]
+    held.hold(2, 0, {"x": b"X"})
+    held.forget(2)
+    assert held.batches(2, 1, [[_allreduce("x")]]) == [Batch([_allreduce("x")])]
+
+
+def test_only_small_allreduces_travel_in_frames_within_the_budget():
+    small = Request("s", OpType.ALLREDUCE, "float32", (4,))
+    avg16 = Request("h", OpType.ALLREDUCE, "float16", (4,))          # widened: the ordinary path
+    big = Request("b", OpType.ALLREDUCE, "float32", (1024,))
+    entries = {"s": _entry(np.ones(4, np.float32)), "h": _entry(np.ones(4, np.float16)),
+               "b": _entry(np.ones(1024, np.float32))}
+    data, left = collect([small, avg16, big], entries, 100)
+    assert set(data) == {"s"} and left == 84
+    assert collect([small], entries, 8) == ({}, 8)
+
+
+def test_the_transport_layout_is_declared_and_checked():
+    from horovod.transport.tcp import TcpTransport
+    transport = TcpTransport(0, 2, b"secret", 1.0, job_token="job.mesh.1")
+    assert transport.job_token == "job.mesh.1" and transport.hostnames == [] and transport.cores == []
+    assert not oversubscribed(transport) and not oversubscribed(None)
+    transport.set_layout(["a", "a"], [1, 1])
+    assert oversubscribed(transport)
+    with pytest.raises(ValueError, match="for 2 ranks"):
+        transport.set_layout(["a"], [1])
+
+
+class _Loop:
+    def __init__(self, rank, size):
+        self.rank, self.size, self.transport = rank, size, None
+
+
+@pytest.mark.parametrize("env, rank, size, kind", [
+    ({}, 0, 2, PeerNegotiation), ({}, 1, 4, PeerNegotiation), ({}, 0, 5, StarRoot), ({}, 3, 5, StarFollower),
+    ({"HOROVOD_NEGOTIATION": "star"}, 1, 2, StarFollower), ({}, 0, 1, StarRoot)])
+def test_each_rank_runs_one_protocol_object(env, rank, size, kind):
+    from horovod.common.config import load_config
+    negotiation = for_loop(_Loop(rank, size), load_config(env))
+    assert type(negotiation) is kind and isinstance(negotiation, Negotiation)
+    assert negotiation.every_member_coordinates is (kind is PeerNegotiation)
+    assert not negotiation.presented
