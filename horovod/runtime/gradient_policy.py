@@ -29,6 +29,7 @@ import warnings
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 from horovod.runtime import basics
+from horovod.runtime import collectives as _c
 from horovod.runtime.collectives import Adasum, Average, Sum, resolve_op
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 
@@ -36,7 +37,7 @@ __all__ = [
     "resolve_op", "check_scale_factors", "check_optimizer_arguments", "check_sparse_op", "check_reducescatter_op",
     "is_power_of_two", "or_global", "set_size", "set_rank", "reduction_active",
     "predivide_factors", "reduction_scale", "local_gradient_scale", "aggregation_scale",
-    "split_groups", "parameter_names", "PassCounter",
+    "split_groups", "parameter_names", "PassCounter", "allreduce_groups",
 ]
 
 
@@ -275,6 +276,36 @@ def parameter_names(param_lists: Sequence[Sequence[Any]], named_parameters: Opti
         raise ValueError(f"named_parameters was specified, but one or more model parameters were not named. "
                          f"Python object ids: {', '.join(str(i) for i in unnamed)}")
     return {key(p): name for name, p in named_parameters}
+
+
+def allreduce_groups(arrays: Sequence, groups: Sequence[Sequence[int]], name: str, op=Average,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: Optional[ProcessSet] = None, dtypes: Optional[Sequence[Optional[str]]] = None
+                     ) -> List[Any]:
+    """Allreduce numpy arrays in the fused groups of :func:`split_groups`: submit every group, then wait for all,
+    so the engine negotiates and fuses them together. Returns the reduced arrays in the order of ``arrays``.
+
+    A group of one is a plain allreduce named ``{name}.{index}``; a larger group is a grouped allreduce named
+    ``{name}.group{first index}``. ``dtypes`` gives the core's dtype name where numpy's is wrong (``"bfloat16"``).
+    """
+    dtypes = list(dtypes) if dtypes is not None else [None] * len(arrays)
+    kwargs = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                  process_set=or_global(process_set))
+    pending = []
+    for members in groups:
+        if len(members) == 1:
+            i = members[0]
+            handle = _c.allreduce_async(arrays[i], name=f"{name}.{i}", dtype=dtypes[i], **kwargs)
+        else:
+            handle = _c.grouped_allreduce_async([arrays[i] for i in members], name=f"{name}.group{members[0]}",
+                                                dtypes=[dtypes[i] for i in members], **kwargs)
+        pending.append((members, handle))
+    results: List[Any] = [None] * len(arrays)
+    for members, handle in pending:
+        value = handle.result()
+        for i, v in zip(members, value if len(members) > 1 else [value]):
+            results[i] = v
+    return results
 
 
 # -- local accumulation ---------------------------------------------------------------------------------------------

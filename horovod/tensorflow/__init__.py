@@ -1,6 +1,6 @@
 """``import horovod.tensorflow as hvd``: Horovod's TensorFlow 2 API (eager mode and ``tf.function``).
 
-A thin binding over :mod:`horovod.common`: ops convert tensors to numpy and call the core (:mod:`.mpi_ops`, which
+A thin binding over :mod:`horovod.runtime`: ops convert tensors to numpy and call the core (:mod:`.mpi_ops`, which
 also registers their gradients); this package adds ``DistributedGradientTape``, the Keras ``DistributedOptimizer``
 (:mod:`horovod.tensorflow.keras`), variable and object broadcasts, ``SyncBatchNormalization`` and elastic state.
 Importing it starts nothing; ``hvd.init()`` does.
@@ -11,6 +11,7 @@ from horovod.runtime.basics import (ccl_built, cross_rank, cross_size, cuda_buil
                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
                                    shutdown, size, start_timeline, stop_timeline)
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.runtime.gradient_policy import is_power_of_two
 from horovod.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
@@ -24,7 +25,7 @@ from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 def check_num_rank_power_of_2(num_rank: int) -> bool:
     """True when ``num_rank`` is a power of two (Adasum needs it)."""
-    return num_rank > 0 and (num_rank & (num_rank - 1)) == 0
+    return is_power_of_two(num_rank)
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",

@@ -1,42 +1,20 @@
 """Gradient compression around a collective: ``Compression.none``, ``Compression.fp16``, ``Compression.bf16``.
 
-A compressor has static ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``; only
-floating-point tensors are cast, anything else passes through unchanged.
+The rule (only floating-point tensors are cast; the dtype comes back after the collective) is
+:func:`horovod.runtime.compression.cast_compressor`; this module only says how TensorFlow reads a dtype and casts.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from horovod.common.compression import Compressor, NoneCompressor
+from horovod.runtime.compression import Compressor, NoneCompressor, cast_compressor, compression_namespace
 
+_TF = dict(dtype_of=lambda t: t.dtype, is_floating=lambda d: d.is_floating, cast=tf.cast,
+           prepare=tf.convert_to_tensor, module=__name__)
 
-def _cast_compressor(name: str, wire_dtype: tf.DType, doc: str):
-    def compress(tensor):
-        tensor = tf.convert_to_tensor(tensor)
-        if tensor.dtype.is_floating and tensor.dtype != wire_dtype:
-            return tf.cast(tensor, wire_dtype), tensor.dtype
-        return tensor, None
-
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
-
-    return type(name, (Compressor,), {"__doc__": doc, "__module__": __name__,
-                                      "compress": staticmethod(compress), "decompress": staticmethod(decompress)})
-
-
-FP16Compressor = _cast_compressor("FP16Compressor", tf.float16,
-                                  "Send floating-point tensors as float16, restore the dtype after.")
-BF16Compressor = _cast_compressor("BF16Compressor", tf.bfloat16,
-                                  "Send floating-point tensors as bfloat16, restore the dtype after.")
-
-
-class Compression:
-    """The available compressors: ``none``, ``fp16`` and ``bf16``."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
-
+FP16Compressor = cast_compressor("FP16Compressor", tf.float16, **_TF)
+BF16Compressor = cast_compressor("BF16Compressor", tf.bfloat16, **_TF)
+Compression = compression_namespace(FP16Compressor, BF16Compressor, module=__name__)
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor"]

@@ -3,7 +3,8 @@
 As in Horovod, the result is an instance of a subclass of the given tape's class that shares the tape's recorded
 state, so ``isinstance(tape, tf.GradientTape)`` holds and it can also be used as the ``with`` context itself.
 Sources registered as local (``register_local_source``, or ``PartialDistributedGradientTape(local_layers=...)``)
-keep their local gradient, divided by the set's size when ``scale_local_gradients`` (Horovod's rule).
+keep their local gradient, divided by the set's size when ``scale_local_gradients`` (Horovod's rule, applied by
+:class:`horovod.tensorflow.gradients.GradientReducer`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import tensorflow as tf
 from horovod.runtime import collectives as _c
 from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments, local_layer_list
-from horovod.tensorflow.mpi_ops import size_op
+from horovod.tensorflow.gradients import GradientReducer, check_arguments, local_layer_list
+
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
 
 class _DistributedGradientTape:
@@ -24,43 +26,14 @@ class _DistributedGradientTape:
 
     def register_local_source(self, source) -> None:
         """Mark ``source`` (a variable) as worker-local: its gradient is not reduced."""
-        self._local_sources.add(_var_key(source))
+        self._hvd_reducer.register_local(source)
 
     def gradient(self, target, sources, output_gradients=None, *args, **kwargs):
         """The tape's gradients of ``target`` with respect to ``sources``, reduced over the process set."""
         grads = super().gradient(target, sources, output_gradients, *args, **kwargs)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        shared = [i for i, s in enumerate(flat_sources) if not self._is_local(s)]
-        reduced = self._hvd_reducer([flat_grads[i] for i in shared], [flat_sources[i] for i in shared])
-        for i, g in zip(shared, reduced):
-            flat_grads[i] = g
-        if self.scale_local_gradients and self._local_sources and self._hvd_reducer.active():
-            size = self._hvd_size()
-            for i, s in enumerate(flat_sources):
-                g = flat_grads[i]
-                if g is None or not self._is_local(s):
-                    continue
-                if isinstance(g, tf.IndexedSlices):
-                    flat_grads[i] = tf.IndexedSlices(g.values / tf.cast(size, g.values.dtype), g.indices,
-                                                     g.dense_shape)
-                else:
-                    flat_grads[i] = g / tf.cast(size, g.dtype)
-        return tf.nest.pack_sequence_as(grads, flat_grads)
-
-    def _is_local(self, source) -> bool:
-        return _var_key(source) in self._local_sources
-
-    def _hvd_size(self):
-        process_set = self._hvd_reducer.process_set
-        if self._hvd_reducer.active() and _elastic():
-            return size_op(process_set.process_set_id)
-        return process_set.size()
-
-
-def _elastic() -> bool:
-    from horovod.runtime import basics
-    return bool(basics.context().config.elastic)
+        return tf.nest.pack_sequence_as(grads, self._hvd_reducer(flat_grads, flat_sources))
 
 
 _TAPE_CLASSES: Dict[type, type] = {}
@@ -98,8 +71,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hvd_reducer = GradientReducer("DistributedGradientTape", compression, sparse_as_dense, op,
-                                        gradient_predivide_factor, groups, process_set)
-    tape._local_sources = set()
+                                        gradient_predivide_factor, groups, process_set, scale_local_gradients)
     tape.process_set = process_set
     tape.scale_local_gradients = scale_local_gradients
     return tape
@@ -122,6 +94,3 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
         for var in layer.trainable_weights:
             tape.register_local_source(var)
     return tape
-
-
-__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]

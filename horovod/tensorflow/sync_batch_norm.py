@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from horovod.runtime import collectives as _c
 from horovod.runtime.process_sets import global_process_set
-from horovod.tensorflow.mpi_ops import _allreduce
+from horovod.tensorflow.mpi_ops import allreduce
 
 
 @keras.saving.register_keras_serializable(package="Horovod")
@@ -50,7 +50,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             total = tf.reduce_sum(x * weights, axes)
             squares = tf.reduce_sum(tf.square(x) * weights, axes)
         channels = tf.shape(total)[0]
-        packed = _allreduce(tf.concat([count, total, squares], 0), op=_c.Sum, process_set=self.process_set)
+        packed = allreduce(tf.concat([count, total, squares], 0), op=_c.Sum, process_set=self.process_set)
         count, total, squares = packed[:channels], packed[channels:2 * channels], packed[2 * channels:]
         count = tf.maximum(count, 1.0)
         mean = total / count

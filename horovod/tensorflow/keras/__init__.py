@@ -23,7 +23,7 @@ from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from horovod.tensorflow.keras import callbacks
 from horovod.tensorflow.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
-                                                wrap_optimizer_class)
+                                                distribute_in_place)
 from horovod.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
 
@@ -83,11 +83,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     model = keras.models.load_model(filepath, custom_objects=objects or None)
     optimizer = getattr(model, "optimizer", None)
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        # Change the loaded optimizer's class in place: its variables and the compiled model stay as loaded.
-        object.__setattr__(optimizer, "__class__", wrap_optimizer_class(type(optimizer)))
-        from horovod.tensorflow.keras.optimizer import _hvd_args
-        optimizer._hvd_setup(*_hvd_args(None, compression, False, 1.0, Average, 1, False, 0, None,
-                                        global_process_set, True))
+        distribute_in_place(optimizer, compression)
     return model
 
 

@@ -16,9 +16,10 @@ import keras
 import tensorflow as tf
 
 from horovod.runtime import collectives as _c
+from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.gradients import GradientReducer, _var_key, check_arguments, local_layer_list
+from horovod.tensorflow.gradients import GradientReducer, check_arguments, local_layer_list
 
 
 class _DistributedOptimizer:
@@ -32,29 +33,32 @@ class _DistributedOptimizer:
                                        global_process_set, True))
 
     def _hvd_setup(self, reducer: GradientReducer, backward_passes_per_step: int,
-                   average_aggregated_gradients: bool, scale_local_gradients: bool) -> None:
+                   average_aggregated_gradients: bool) -> None:
         self._hvd_reducer = reducer
         self._hvd_passes = backward_passes_per_step
-        self._hvd_average_aggregated = average_aggregated_gradients
-        self._hvd_scale_local = scale_local_gradients
-        self._hvd_local_vars = set()
+        self._hvd_aggregation_scale = _policy.aggregation_scale(backward_passes_per_step,
+                                                                average_aggregated_gradients)
         self._hvd_accumulators = None
         self._hvd_counter = None
 
     @property
     def process_set(self):
+        """The ranks over which gradients are reduced."""
         return self._hvd_reducer.process_set
 
     @property
     def backward_passes_per_step(self) -> int:
+        """Calls accumulated locally before the gradients are reduced and applied."""
         return self._hvd_passes
 
     def register_local_var(self, var) -> None:
         """Keep ``var``'s gradient local: it is not reduced (and is divided by the set's size when
         ``scale_local_gradients``)."""
-        self._hvd_local_vars.add(_var_key(var))
+        self._hvd_ensure()
+        self._hvd_reducer.register_local(var)
 
     def build(self, variables):
+        """Build the optimizer's variables, and the accumulators when ``backward_passes_per_step`` > 1."""
         if self.built:
             return
         self._hvd_ensure()
@@ -64,23 +68,6 @@ class _DistributedOptimizer:
                                       for v in variables]
             self._hvd_counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",
                                                   name="hvd_counter")
-
-    def _hvd_reduce(self, grads, variables):
-        """Reduce the shared gradients; local ones are divided by the set's size (Horovod's rule)."""
-        grads = list(grads)
-        shared = [i for i, v in enumerate(variables) if _var_key(v) not in self._hvd_local_vars]
-        reduced = self._hvd_reducer([grads[i] for i in shared], [variables[i] for i in shared])
-        out = list(grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if self._hvd_local_vars and self._hvd_scale_local and self._hvd_reducer.active():
-            size = float(self.process_set.size())
-            for i, v in enumerate(variables):
-                if _var_key(v) in self._hvd_local_vars and out[i] is not None:
-                    g = out[i]
-                    out[i] = (tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
-                              if isinstance(g, tf.IndexedSlices) else g / size)
-        return out
 
     def apply(self, grads, trainable_variables=None):
         """Reduce ``grads`` over the process set, then apply them (every ``backward_passes_per_step`` calls)."""
@@ -98,7 +85,7 @@ class _DistributedOptimizer:
                     self.build(variables)
                 self.built = True
         if self._hvd_passes == 1:
-            return super().apply(self._hvd_reduce(grads, variables), trainable_variables)
+            return super().apply(self._hvd_reducer(grads, variables), trainable_variables)
         return self._hvd_accumulate(grads, variables, trainable_variables)
 
     def _hvd_accumulate(self, grads, variables, trainable_variables):
@@ -110,10 +97,11 @@ class _DistributedOptimizer:
         count = self._hvd_counter.assign_add(1)
 
         def apply_now():
+            scale = self._hvd_aggregation_scale
             summed = [None if g is None else tf.convert_to_tensor(acc) for acc, g in zip(accumulators, grads)]
-            if self._hvd_average_aggregated:
-                summed = [None if s is None else s / float(self._hvd_passes) for s in summed]
-            base_apply(self._hvd_reduce(summed, variables), trainable_variables)
+            if scale != 1.0:
+                summed = [None if s is None else s * tf.cast(scale, s.dtype) for s in summed]
+            base_apply(self._hvd_reducer(summed, variables), trainable_variables)
             for acc in accumulators:
                 acc.assign(tf.zeros_like(acc))
             self._hvd_counter.assign(0)
@@ -139,16 +127,21 @@ def wrap_optimizer_class(base: type) -> type:
     return cls
 
 
+def distribute_in_place(optimizer, compression=Compression.none) -> None:
+    """Make a built Keras optimizer (e.g. one loaded with a model) a :func:`DistributedOptimizer` with default
+    options, changing its class in place: its variables, and a compiled model holding it, stay as they are."""
+    object.__setattr__(optimizer, "__class__", wrap_optimizer_class(type(optimizer)))
+    optimizer._hvd_setup(*_hvd_args(None, compression, False, 1.0, _c.Average, 1, False, 0, None,
+                                    global_process_set, True))
+
+
 def _hvd_args(name, compression, sparse_as_dense, gradient_predivide_factor, op, backward_passes_per_step,
               average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients):
-    groups = check_arguments(op, gradient_predivide_factor, groups, num_groups)
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
-    if op == _c.Adasum and average_aggregated_gradients:
-        raise ValueError("Adasum does not support average_aggregated_gradients == True")
+    groups = check_arguments(op, gradient_predivide_factor, groups, num_groups, backward_passes_per_step,
+                             average_aggregated_gradients)
     reducer = GradientReducer(name or "DistributedOptimizer", compression, sparse_as_dense, op,
-                              gradient_predivide_factor, groups, process_set)
-    return reducer, backward_passes_per_step, average_aggregated_gradients, scale_local_gradients
+                              gradient_predivide_factor, groups, process_set, scale_local_gradients)
+    return reducer, backward_passes_per_step, average_aggregated_gradients
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
@@ -210,4 +203,4 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     return wrapped
 
 
-__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "wrap_optimizer_class"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "wrap_optimizer_class", "distribute_in_place"]
