@@ -15,7 +15,7 @@ from horovod.ray import RayExecutor  # noqa: E402
 
 pytestmark = pytest.mark.ranks
 
-CPUS = 3
+CPUS = 5
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,23 +52,6 @@ def collectives(offset):
                 total=total.tolist(), gathered=gathered.tolist(), root=root.tolist(), pid=os.getpid(), offset=offset)
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_run_collectives_results_in_rank_order(executor_of, workers):
-    ex = executor_of(num_workers=workers)
-    ex.start()
-    results = ex.run(collectives, args=[7])
-    assert [r["rank"] for r in results] == list(range(workers))
-    expected_total = (np.arange(5) * workers + sum(range(workers))).tolist()
-    for rank, r in enumerate(results):
-        assert r["size"] == workers and r["offset"] == 7
-        assert r["local"] == (rank, workers) and r["cross"] == (0, 1)   # one node: one host
-        assert r["total"] == expected_total
-        assert r["gathered"] == [[q, q] for q in range(workers) for _ in range(q + 1)]
-        assert r["root"] == [float(workers - 1)] * 3
-    assert len({r["pid"] for r in results}) == workers
-    assert ex.run(lambda a, b=0: a + b, args=[1], kwargs={"b": 2}) == [3] * workers
-
-
 class Counter:
     def __init__(self, start, step=1):
         self.value, self.step = start, step
@@ -78,25 +61,67 @@ class Counter:
         return self.value
 
 
-def test_executable_class_execute_and_execute_single(executor_of):
-    ex = executor_of(num_workers=2)
+@pytest.fixture(scope="module")
+def three():
+    """One 3-worker job for the tests that leave it usable (new actors cost seconds each on two cores)."""
+    ex = RayExecutor(_settings(), num_workers=3)
     ex.start(executable_cls=Counter, executable_args=[10], executable_kwargs={"step": 5},
              extra_env_vars={"MY_JOB_FLAG": "on"})
-    assert ex.execute(lambda c: c.bump()) == [15, 15]
-    assert ex.execute_single(lambda c: c.bump()) == 20
-    assert ex.execute(lambda c: c.value) == [20, 15]
-    assert ex.run(lambda: os.environ["MY_JOB_FLAG"]) == ["on", "on"]
-    env = ex.execute(lambda _: {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")})
-    assert [e["HOROVOD_RANK"] for e in env] == ["0", "1"] and env[0]["HOROVOD_SECRET_KEY"] == env[1]["HOROVOD_SECRET_KEY"]
-    assert env[0]["HOROVOD_START_TIMEOUT"] == "30.0"
+    yield ex
+    ex.shutdown()
 
 
-def test_run_remote_returns_refs_by_rank(executor_of):
-    ex = executor_of(num_workers=3)
-    ex.start()
-    refs = ex.run_remote(collectives, args=[1])
+def _check_collectives(results, workers):
+    assert [r["rank"] for r in results] == list(range(workers))
+    expected_total = (np.arange(5) * workers + sum(range(workers))).tolist()
+    for rank, r in enumerate(results):
+        assert r["size"] == workers and r["offset"] == 7
+        assert r["local"] == (rank, workers) and r["cross"] == (0, 1)   # one node: one host
+        assert r["total"] == expected_total
+        assert r["gathered"] == [[q, q] for q in range(workers) for _ in range(q + 1)]
+        assert r["root"] == [float(workers - 1)] * 3
+    assert len({r["pid"] for r in results}) == workers
+
+
+def test_three_workers_run_collectives_in_rank_order(three):
+    _check_collectives(three.run(collectives, args=[7]), 3)
+    assert three.run(lambda a, b=0: a + b, args=[1], kwargs={"b": 2}) == [3] * 3
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_one_and_two_workers_then_shutdown_leaves_nothing(workers):
+    ex = RayExecutor(_settings(), num_workers=workers)
+    try:
+        ex.start()
+        _check_collectives(ex.run(collectives, args=[7]), workers)
+        pids = ex.adapter.pids
+        assert len(pids) == workers and all(p > 0 for p in pids)
+    finally:
+        ex.shutdown()
+    _assert_gone(pids)
+    assert ex.workers == []
+    deadline = time.monotonic() + 15
+    while ray.available_resources().get("CPU", 0) < CPUS - 3:   # only the module's 3-worker job holds CPUs
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.05)
+    assert sum(pg["state"] != "REMOVED" for pg in ray.util.placement_group_table().values()) <= 1
+
+
+def test_executable_class_execute_and_execute_single(three):
+    before = three.execute(lambda c: c.value)
+    assert three.execute(lambda c: c.bump()) == [v + 5 for v in before]
+    assert three.execute_single(lambda c: c.bump()) == before[0] + 10
+    assert three.execute(lambda c: c.value)[1:] == [v + 5 for v in before[1:]]
+    assert three.run(lambda: os.environ["MY_JOB_FLAG"]) == ["on"] * 3
+    env = three.execute(lambda _: {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")})
+    assert [e["HOROVOD_RANK"] for e in env] == ["0", "1", "2"]
+    assert len({e["HOROVOD_SECRET_KEY"] for e in env}) == 1 and env[0]["HOROVOD_START_TIMEOUT"] == "30.0"
+
+
+def test_run_remote_returns_refs_by_rank(three):
+    refs = three.run_remote(collectives, args=[7])
     assert len(refs) == 3 and all(isinstance(r, ray.ObjectRef) for r in refs)
-    assert [r["rank"] for r in ray.get(refs)] == [0, 1, 2]
+    _check_collectives(ray.get(refs), 3)
 
 
 def raise_on_one():
@@ -107,15 +132,13 @@ def raise_on_one():
     return hvd.rank()
 
 
-def test_worker_exception_reaches_caller_with_traceback(executor_of):
-    ex = executor_of(num_workers=2)
-    ex.start()
+def test_worker_exception_reaches_caller_with_traceback(three):
     with pytest.raises(ValueError, match="bad batch on rank one") as info:
-        ex.run(raise_on_one)
+        three.run(raise_on_one)
     text = str(info.value)
     assert "raise_on_one" in text and "test_static.py" in text       # the remote traceback
-    assert any("rank 1 of 2" in note for note in info.value.__notes__)
-    assert ex.run(lambda: "still usable") == ["still usable"] * 2     # nobody was left blocked
+    assert any("rank 1 of 3" in note for note in info.value.__notes__)
+    assert three.run(lambda: "still usable") == ["still usable"] * 3  # nobody was left blocked
 
 
 def raise_while_peer_waits():
@@ -140,7 +163,7 @@ def test_exception_while_peers_block_stops_the_job(executor_of):
 
 
 def test_killed_actor_fails_fast_with_horovods_message(executor_of):
-    ex = executor_of(num_workers=3)
+    ex = executor_of(num_workers=2)
     ex.start()
     pids = ex.adapter.pids
     ray.kill(ex.workers[1])
@@ -156,22 +179,6 @@ def _assert_gone(pids, timeout=15.0):
     while any(os.path.exists(f"/proc/{p}") for p in pids):
         assert time.monotonic() < deadline, f"worker processes still alive: {pids}"
         time.sleep(0.05)
-
-
-def test_shutdown_leaves_no_actor_process_or_placement_group():
-    ex = RayExecutor(_settings(), num_workers=3)
-    ex.start()
-    ex.run(collectives, args=[0])
-    pids = ex.adapter.pids
-    assert len(pids) == 3 and all(p > 0 for p in pids)
-    ex.shutdown()
-    _assert_gone(pids)
-    assert ex.workers == []
-    deadline = time.monotonic() + 15
-    while ray.available_resources().get("CPU", 0) < CPUS:   # actors and their placement group released
-        assert time.monotonic() < deadline, ray.available_resources()
-        time.sleep(0.05)
-    assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
 
 
 def test_infeasible_spread_fails_within_placement_timeout():
