@@ -124,11 +124,7 @@ def set_size(process_set: Optional[ProcessSet]) -> int:
     Raises:
         ValueError: the set is not registered (or Horovod is not initialized).
     """
-    process_set = or_global(process_set)
-    size = process_set.size()
-    if size is None:
-        raise ValueError(f"{process_set} is not registered (or Horovod is not initialized)")
-    return size
+    return _known(or_global(process_set), "size", "{} is not registered (or Horovod is not initialized)")
 
 
 def set_rank(process_set: Optional[ProcessSet]) -> int:
@@ -137,11 +133,14 @@ def set_rank(process_set: Optional[ProcessSet]) -> int:
     Raises:
         ValueError: this process is not a member (or the set is not registered).
     """
-    process_set = or_global(process_set)
-    rank = process_set.rank()
-    if rank is None:
-        raise ValueError(f"this rank is not a member of {process_set}")
-    return rank
+    return _known(or_global(process_set), "rank", "this rank is not a member of {}")
+
+
+def _known(process_set: ProcessSet, attribute: str, message: str) -> int:
+    value = getattr(process_set, attribute)()
+    if value is None:
+        raise ValueError(message.format(process_set))
+    return value
 
 
 def reduction_active(process_set: Optional[ProcessSet]) -> bool:

@@ -6,17 +6,14 @@ also registers their gradients); this package adds ``DistributedGradientTape``, 
 Importing it starts nothing; ``hvd.init()`` does.
 """
 
-from horovod.runtime.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
-                                   gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
-                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
-                                   shutdown, size, start_timeline, stop_timeline)
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.runtime import binding_api
+from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, ops, process sets...)
 from horovod.runtime.gradient_policy import is_power_of_two
-from horovod.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from horovod.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
-from horovod.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, _executing_eagerly, allgather,
+from horovod.tensorflow.mpi_ops import (Adasum, Average, _executing_eagerly, allgather,
                                         allreduce, alltoall, barrier, broadcast, broadcast_, grouped_allgather,
                                         grouped_allreduce, grouped_reducescatter, join, local_rank_op,
                                         local_size_op, process_set_included_op, rank_op, reducescatter, size_op)
@@ -55,16 +52,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
 
 from horovod.tensorflow import elastic  # noqa: E402  (a submodule, as in Horovod: hvd.elastic.run)
 
-__all__ = [
-    # basics
-    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank",
-    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "check_num_rank_power_of_2",
-    # process sets and ops
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
-    "rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op",
+__all__ = binding_api.__all__ + [
+    "check_num_rank_power_of_2", "rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op",
     # collectives
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
     "reducescatter", "grouped_reducescatter", "join", "barrier",

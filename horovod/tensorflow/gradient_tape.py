@@ -16,7 +16,7 @@ import tensorflow as tf
 from horovod.runtime import collectives as _c
 from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.gradients import GradientReducer, check_arguments, local_layer_list
+from horovod.tensorflow.gradients import GradientReducer, check_arguments, local_layer_variables
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -86,11 +86,10 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
     Raises:
         ValueError: ``local_layers`` holds something other than Keras layers.
     """
-    local_layers = local_layer_list(local_layers)
+    local_variables = local_layer_variables(local_layers)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
                                    scale_local_gradients)
-    for layer in local_layers:
-        for var in layer.trainable_weights:
-            tape.register_local_source(var)
+    for var in local_variables:
+        tape.register_local_source(var)
     return tape

@@ -10,8 +10,10 @@ of them, so the engine negotiates and fuses them together as Horovod's backgroun
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence
 
+import keras
 import tensorflow as tf
 
 from horovod.runtime import basics
@@ -24,7 +26,7 @@ from horovod.tensorflow._tensors import run_numpy, to_core
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.queries import size_op
 
-__all__ = ["GradientReducer", "check_arguments", "local_layer_list", "var_key"]
+__all__ = ["GradientReducer", "check_arguments", "local_layer_variables", "var_key"]
 
 
 def check_arguments(op, gradient_predivide_factor, groups, num_groups=0, backward_passes_per_step=1,
@@ -35,20 +37,20 @@ def check_arguments(op, gradient_predivide_factor, groups, num_groups=0, backwar
                                              num_groups, average_aggregated_gradients, what="tf.Variable")
 
 
-def local_layer_list(local_layers) -> list:
-    """``local_layers`` as a list of Keras layers (None, one layer, or a sequence of layers).
+def local_layer_variables(local_layers) -> list:
+    """The trainable weights of ``local_layers`` (None, one Keras layer, or a sequence of them), whose gradients
+    ``PartialDistributedGradientTape`` and ``PartialDistributedOptimizer`` keep local.
 
     Raises:
         ValueError: it holds something other than Keras layers.
     """
-    import keras
     if local_layers is None:
         return []
     if isinstance(local_layers, keras.layers.Layer):
-        return [local_layers]
+        local_layers = [local_layers]
     if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
         raise ValueError("All local layers must be of keras.layers.Layer type.")
-    return list(local_layers)
+    return [var for layer in local_layers for var in layer.trainable_weights]
 
 
 def var_key(variable):
@@ -62,24 +64,24 @@ def _divide(grad, size):
     return grad / tf.cast(size, grad.dtype)
 
 
+@dataclass
 class GradientReducer:
     """Reduces gradients over ``process_set`` with Horovod's options (see ``DistributedGradientTape``); variables
     registered with :meth:`register_local` keep their local gradient, divided by the set's size when
     ``scale_local_gradients``."""
 
-    def __init__(self, name: str, compression=Compression.none, sparse_as_dense: bool = False,
-                 op=_c.Average, gradient_predivide_factor: float = 1.0, groups=None,
-                 process_set: ProcessSet = global_process_set, scale_local_gradients: bool = True):
-        check_arguments(op, gradient_predivide_factor, groups)
-        self.name = name
-        self.compression = compression
-        self.sparse_as_dense = sparse_as_dense
-        self.op = op
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.groups = groups
-        self.process_set = process_set
-        self.scale_local_gradients = scale_local_gradients
-        self.local = set()
+    name: str
+    compression: type = Compression.none
+    sparse_as_dense: bool = False
+    op: Any = _c.Average
+    gradient_predivide_factor: float = 1.0
+    groups: Any = None
+    process_set: ProcessSet = global_process_set
+    scale_local_gradients: bool = True
+    local: set = field(default_factory=set)
+
+    def __post_init__(self):
+        check_arguments(self.op, self.gradient_predivide_factor, self.groups)
 
     def register_local(self, variable) -> None:
         """Keep ``variable``'s gradient local (not reduced)."""

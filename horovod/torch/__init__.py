@@ -1,18 +1,13 @@
 """``import horovod.torch as hvd``: Horovod's PyTorch API on CPU tensors.
 
-A thin binding over :mod:`horovod.common`: tensors go to the core as zero-copy numpy views; this package adds
+A thin binding over :mod:`horovod.runtime`: tensors go to the core as zero-copy numpy views; this package adds
 integer handles (:mod:`.mpi_ops`), autograd (:mod:`.autograd`), compression, ``DistributedOptimizer``,
 parameter/optimizer-state broadcast (:mod:`.functions`) and ``SyncBatchNorm``. Importing it starts nothing;
 ``hvd.init()`` does.
 """
 
-from horovod.runtime.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
-                                   gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
-                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
-                                   shutdown, size, start_timeline, stop_timeline)
-from horovod.runtime.collectives import Adasum, Average, Max, Min, Product, Sum
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.runtime import binding_api
+from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, ops, process sets...)
 from horovod.torch.autograd import (allgather, allreduce, alltoall, broadcast, grouped_allreduce,
                                     grouped_reducescatter, reducescatter)
 from horovod.torch.compression import Compression
@@ -27,15 +22,7 @@ from horovod.torch.optimizer import DistributedOptimizer
 from horovod.torch.sync_batch_norm import SyncBatchNorm
 from horovod.torch import elastic  # noqa: E402 — hvd.elastic, as in Horovod
 
-__all__ = [
-    # basics
-    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank",
-    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "HorovodInternalError", "HostsUpdatedInterrupt",
-    # process sets and ops
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+__all__ = binding_api.__all__ + [
     # collectives
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",

@@ -99,6 +99,7 @@ class SyncBatchNorm(_BatchNorm):
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Normalize ``input`` with statistics over every rank's batch in training, like ``BatchNorm`` otherwise."""
         self._check_input_dim(input)
         check_tensor(input, "SyncBatchNorm input")
         if not self.training or self.process_set.size() == 1:

@@ -1,6 +1,6 @@
-"""horovod.tensorflow collectives on 2 spawned ranks: every op against a numpy reference, executed eagerly and
-inside ``tf.function``, their gradients, and the query ops. One spawn runs every check (TensorFlow takes seconds to
-import); each check is reported as its own test.
+"""horovod.tensorflow collectives on 1 and 2 spawned ranks: every op against a numpy reference, executed eagerly and
+inside ``tf.function``, their gradients, and the query ops. One spawn per world size runs every check (TensorFlow
+takes seconds to import); each check is reported as its own test. The checks hold at any world size.
 
 (No ``__init__.py`` in this folder: pytest would then import it as a package named ``tensorflow``.)
 """
@@ -12,7 +12,7 @@ import pytest
 
 from horovod.testing import spawn_ranks
 
-WORLD = 2
+WORLDS = (1, 2)
 # A check failing on one rank leaves the other waiting in a collective: the stall shutdown turns that wait into an
 # error within seconds, so the failure is reported instead of a timeout.
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5",
@@ -217,7 +217,7 @@ def check_process_sets(tf, hvd, n, me):
         for got in both(tf, lambda t: hvd.allreduce(t, op=hvd.Sum, process_set=last), tf.constant([2.0])):
             close(got, [2.0], "single-rank set")
     everyone = hvd.ProcessSet(list(range(n)))
-    everyone.process_set_id = 2
+    everyone.process_set_id = 2 if n > 1 else 0
     for got in both(tf, lambda t: hvd.allgather(t, process_set=everyone), tf.constant([float(me)])):
         close(got, np.arange(n), "set of everyone")
 
@@ -232,12 +232,13 @@ CHECKS = {name: fn for name, fn in sorted(globals().items()) if name.startswith(
 CHECKS["check_join"] = CHECKS.pop("check_join")  # last: it leaves the engine joined
 
 
-def _run_all():
+def _run_all(world):
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     import horovod.tensorflow as hvd
-    hvd.init(process_sets=[hvd.ProcessSet([WORLD - 1]), hvd.ProcessSet(list(range(WORLD)))])
+    sets = [hvd.ProcessSet([world - 1]), hvd.ProcessSet(list(range(world)))]
+    hvd.init(process_sets=sets if world > 1 else sets[:1])   # at 1 rank both are [0]
     results = {}
     for name, fn in CHECKS.items():
         try:
@@ -249,10 +250,10 @@ def _run_all():
     return results
 
 
-@pytest.fixture(scope="module")
-def results():
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")
+def results(request):
     pytest.importorskip("tensorflow")
-    return spawn_ranks(_run_all, WORLD, timeout=150, env=TF_ENV)
+    return spawn_ranks(_run_all, request.param, timeout=150, env=TF_ENV, args=(request.param,))
 
 
 @pytest.mark.ranks

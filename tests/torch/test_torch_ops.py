@@ -1,5 +1,6 @@
-"""horovod.torch collectives on 2 spawned ranks: every op and variant against a numpy/torch reference, autograd
-against the analytic gradients, and the errors. One spawn runs every check; each check is reported as its own test.
+"""horovod.torch collectives on 1 and 2 spawned ranks: every op and variant against a numpy/torch reference, autograd
+against the analytic gradients, and the errors. One spawn per world size runs every check; each check is reported as
+its own test. The checks hold at any world size.
 
 (No ``__init__.py`` in this folder: pytest would then import it as a package named ``torch``.)
 """
@@ -12,7 +13,7 @@ import torch
 
 from horovod.testing import spawn_ranks
 
-WORLD = 2
+WORLDS = (1, 2)
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int32, torch.int64, torch.int8, torch.uint8]
 
@@ -243,10 +244,13 @@ def check_compression(hvd, n, me):
 
 def check_errors(hvd, n, me):
     from horovod.common.exceptions import HorovodInternalError  # noqa: F401 (the family of synchronize errors)
-    with pytest.raises(RuntimeError):
-        hvd.allreduce(torch.ones(me + 1), name="mismatched_shape")
-    with pytest.raises(RuntimeError):
-        hvd.allreduce(torch.ones(2, dtype=torch.float32 if me == 0 else torch.float64), name="mismatched_dtype")
+    if n > 1:   # ranks can disagree only where there are several
+        with pytest.raises(RuntimeError):
+            hvd.allreduce(torch.ones(me + 1), name="mismatched_shape")
+        with pytest.raises(RuntimeError):
+            hvd.allreduce(torch.ones(2, dtype=torch.float32 if me == 0 else torch.float64), name="mismatched_dtype")
+        with pytest.raises(ValueError):
+            hvd.alltoall(torch.ones(2 * n + 1))
     handle = hvd.allreduce_async(torch.ones(2), name="dup")
     with pytest.raises(ValueError):
         hvd.allreduce_async(torch.ones(2), name="dup")
@@ -254,9 +258,9 @@ def check_errors(hvd, n, me):
     with pytest.raises(ValueError, match=r"\.cpu\(\)"):
         hvd.allreduce(torch.empty(2, device="meta"))
     with pytest.raises(ValueError):
-        hvd.alltoall(torch.ones(2 * n + 1))
-    with pytest.raises(ValueError):
         hvd.reducescatter(torch.ones(4), op=hvd.Max)
+    with pytest.raises(TypeError, match="prescale_factor"):
+        hvd.allreduce(torch.ones(2), prescale_factor="2")
     with pytest.raises(ValueError):
         hvd.broadcast(torch.ones(2), root_rank=n + 3)
     with pytest.raises(TypeError):
@@ -327,11 +331,17 @@ def check_autograd_reducescatter(hvd, n, me):
 CHECKS = {name: fn for name, fn in sorted(globals().items()) if name.startswith("check_")}
 
 
-def _run_all(only=None):
+def _process_sets(hvd, world):
+    """The last rank alone, and every rank (the global set itself at world size 1, where both are [0])."""
+    last, everyone = hvd.ProcessSet([world - 1]), hvd.ProcessSet(list(range(world)))
+    return [last, everyone] if world > 1 else [last]
+
+
+def _run_all(world, only=None):
     import horovod.torch as hvd
     torch.set_num_threads(1)   # ranks share the machine's cores
-    hvd.init(process_sets=[hvd.ProcessSet([WORLD - 1]), hvd.ProcessSet(list(range(WORLD)))])
-    sets = ([s for s in _registered_sets(hvd)])
+    hvd.init(process_sets=_process_sets(hvd, world))
+    sets = _registered_sets(hvd, world)
     n, me = hvd.size(), hvd.rank()
     results = {}
     for name, fn in CHECKS.items():
@@ -346,18 +356,19 @@ def _run_all(only=None):
     return results
 
 
-def _registered_sets(hvd):
+def _registered_sets(hvd, world):
     from horovod.runtime import basics
     ids = basics._get_process_set_ids_and_ranks()
-    last, everyone = hvd.ProcessSet([WORLD - 1]), hvd.ProcessSet(list(range(WORLD)))
-    last.process_set_id, everyone.process_set_id = 1, 2
-    assert ids[1] == [WORLD - 1] and ids[2] == list(range(WORLD)), ids
-    return last, everyone
+    sets = _process_sets(hvd, world)
+    for set_id, ps in enumerate(sets, start=1):
+        ps.process_set_id = set_id
+        assert ids[set_id] == ps.ranks, ids
+    return sets[0], sets[-1] if world > 1 else hvd.global_process_set
 
 
-@pytest.fixture(scope="module")
-def results():
-    return spawn_ranks(_run_all, WORLD, timeout=90)
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")
+def results(request):
+    return spawn_ranks(_run_all, request.param, timeout=90, args=(request.param,))
 
 
 @pytest.mark.ranks

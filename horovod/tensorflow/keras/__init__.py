@@ -12,19 +12,16 @@ from typing import Optional
 import keras
 import numpy as np
 
-from horovod.runtime.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
-                                   gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
-                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
-                                   shutdown, size, start_timeline, stop_timeline)
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.runtime import binding_api
+from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, ops, process sets...)
+from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow import mpi_ops as _ops
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from horovod.tensorflow.keras import callbacks
 from horovod.tensorflow.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
                                                 distribute_in_place)
-from horovod.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum
+from horovod.tensorflow.mpi_ops import Average
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 
@@ -89,12 +86,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 from horovod.tensorflow.keras import elastic  # noqa: E402  (needs the names above)
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank",
-    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "ProcessSet", "global_process_set", "add_process_set",
-    "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression",
+__all__ = binding_api.__all__ + [
+    "Compression",
     "DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization", "broadcast_global_variables",
     "broadcast_variables", "broadcast_object", "allgather_object", "allreduce", "allgather", "broadcast",
     "reducescatter", "load_model", "callbacks", "elastic",

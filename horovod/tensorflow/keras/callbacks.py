@@ -53,6 +53,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):
+        """Build the optimizer if needed and broadcast the model's and optimizer's variables from the root."""
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and not optimizer.built and self.model.built:
             # Keras builds the optimizer on the first step otherwise: build it now (on the same variables) so that
@@ -62,6 +63,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._broadcast()
 
     def on_batch_end(self, batch, logs=None):
+        """Broadcast after the first batch when the optimizer could not be built before it."""
         if not self.broadcast_done:
             self._broadcast()
 
@@ -87,6 +89,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[key] = value
 
     def on_epoch_end(self, epoch, logs=None):
+        """Replace each numeric metric in ``logs`` by its average over the ranks."""
         self._average(logs)
 
 
@@ -133,6 +136,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                 buffer.assign(buffer * (new / old))
 
     def on_train_begin(self, logs=None):
+        """Read ``steps_per_epoch`` from ``fit`` when it was not given."""
         if self.steps_per_epoch is None:
             self.steps_per_epoch = self.params.get("steps") if self.params else None
         if not self.staircase and not self.steps_per_epoch:
@@ -140,11 +144,13 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                              "steps_per_epoch parameter to the LearningRateScheduleCallback")
 
     def on_epoch_begin(self, epoch, logs=None):
+        """With ``staircase``, set the epoch's rate."""
         self.current_epoch = epoch
         if self.staircase and self._active(epoch):
             self._set_lr(epoch)
 
     def on_batch_begin(self, batch, logs=None):
+        """Without ``staircase``, set the rate for the fractional epoch."""
         if self.staircase or self.current_epoch is None:
             return
         epoch = self.current_epoch + float(batch) / self.steps_per_epoch
@@ -152,6 +158,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._set_lr(epoch)
 
     def on_epoch_end(self, epoch, logs=None):
+        """Report the rate as ``logs['lr']``."""
         if logs is not None:
             logs["lr"] = _learning_rate(self.model.optimizer)
 
@@ -182,6 +189,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         self.verbose = verbose
 
     def on_epoch_end(self, epoch, logs=None):
+        """Report the rate; with ``verbose``, say when the warmup ends."""
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "

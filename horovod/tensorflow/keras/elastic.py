@@ -25,15 +25,18 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_remaining = batches_per_commit
 
     def on_train_begin(self, logs=None):
+        """Start counting batches to the next commit."""
         self.batches_remaining = self.batches_per_commit
 
     def on_batch_end(self, batch, logs=None):
+        """Commit every ``batches_per_commit`` batches."""
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
             self.state.commit()
             self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch, logs=None):
+        """Commit at the end of every epoch."""
         self.state.commit()
 
 
@@ -46,18 +49,22 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.steps_per_epoch = None
 
     def on_train_begin(self, logs=None):
+        """Forget the epoch length of an earlier ``fit``."""
         self.steps_per_epoch = None
 
     def on_epoch_begin(self, epoch, logs=None):
+        """After a reset, run only the batches the epoch has left."""
         if self.params.get("steps"):
             if self.steps_per_epoch is None:
                 self.steps_per_epoch = self.params.get("steps")
             self.params["steps"] = self.steps_per_epoch - self.state.batch
 
     def on_batch_end(self, batch, logs=None):
+        """Record the finished batch in ``state.batch``."""
         self.state.batch = batch
 
     def on_epoch_end(self, epoch, logs=None):
+        """Start the next epoch at batch 0."""
         self.state.batch = 0
 
 
@@ -71,9 +78,11 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
         self.initial_epoch = state.epoch
 
     def on_train_begin(self, logs=None):
+        """Remember the epochs finished before this ``fit``."""
         self.initial_epoch = self.state.epoch
 
     def on_epoch_end(self, epoch, logs=None):
+        """Record the finished epoch in ``state.epoch``."""
         self.state.epoch = self.initial_epoch + epoch + 1
 
 

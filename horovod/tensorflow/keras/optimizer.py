@@ -19,7 +19,7 @@ from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.gradients import GradientReducer, check_arguments, local_layer_list
+from horovod.tensorflow.gradients import GradientReducer, check_arguments, local_layer_variables
 
 
 class _DistributedOptimizer:
@@ -193,13 +193,12 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     Raises:
         ValueError: ``local_layers`` holds something other than Keras layers.
     """
-    local_layers = local_layer_list(local_layers)
+    local_variables = local_layer_variables(local_layers)
     wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                    gradient_predivide_factor, op, backward_passes_per_step,
                                    average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
-    for layer in local_layers:
-        for var in layer.trainable_weights:
-            wrapped.register_local_var(var)
+    for var in local_variables:
+        wrapped.register_local_var(var)
     return wrapped
 
 

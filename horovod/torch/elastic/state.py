@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import copy
 from typing import Any, Callable, Dict, Optional, Type
 
@@ -13,37 +14,46 @@ from horovod.torch.elastic.sampler import ElasticSampler
 from horovod.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 
-class StateHandler:
-    """Saves, restores and syncs one value of a :class:`TorchState`."""
+class StateHandler(abc.ABC):
+    """Saves, restores and syncs one value of a :class:`TorchState` (a model, an optimizer, a sampler)."""
 
     def __init__(self, value: Any):
         self.value = value
 
+    @abc.abstractmethod
     def save(self) -> None:
-        raise NotImplementedError
+        """Keep a copy of the value's state, to restore after a failure."""
 
+    @abc.abstractmethod
     def restore(self) -> None:
-        raise NotImplementedError
+        """Load the copy :meth:`save` kept back into the value."""
 
+    @abc.abstractmethod
     def sync(self) -> None:
-        raise NotImplementedError
+        """Make the value equal to rank 0's on every rank, and save it."""
 
     def reset(self) -> None:
         """Adapt to a new membership."""
 
     def set_value(self, value: Any) -> None:
+        """Handle ``value`` instead (an attribute of the state was assigned), saving it at once."""
         self.value = value
         self.save()
 
 
 class ModelStateHandler(StateHandler):
+    """A ``torch.nn.Module``: its ``state_dict`` is copied, and synced by :func:`broadcast_parameters`."""
+
     def save(self) -> None:
+        """Copy every tensor of the state dict."""
         self._saved = {k: v.detach().clone() for k, v in self.value.state_dict().items()}
 
     def restore(self) -> None:
+        """Load the copied state dict."""
         self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
+        """Broadcast rank 0's parameters and buffers, then save."""
         broadcast_parameters(self.value.state_dict(), root_rank=0, prefix="elastic.model.")
         self.save()
 
@@ -56,30 +66,42 @@ def _drop_pending_allreduces(optimizer) -> None:
 
 
 class OptimizerStateHandler(StateHandler):
+    """A ``torch.optim.Optimizer``: its ``state_dict`` is deep-copied, and synced by
+    :func:`broadcast_optimizer_state`."""
+
     def save(self) -> None:
+        """Deep-copy the optimizer's state dict."""
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
+        """Forget allreduces of the interrupted step, then load the copied state dict."""
         _drop_pending_allreduces(self.value)
         self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
+        """Broadcast rank 0's optimizer state, then save."""
         broadcast_optimizer_state(self.value, root_rank=0)
         self.save()
 
 
 class SamplerStateHandler(StateHandler):
+    """An :class:`ElasticSampler`: the indices already processed, re-split over the ranks on a new membership."""
+
     def save(self) -> None:
+        """Deep-copy the sampler's state dict."""
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
+        """Load the copied state dict."""
         self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
+        """Take rank 0's saved sampler state on every rank."""
         self._saved = broadcast_object(self._saved, root_rank=0, name="elastic.sampler")
         self.value.load_state_dict(self._saved)
 
     def reset(self) -> None:
+        """Re-split the remaining indices over the new set of ranks."""
         self.value.reset()
 
 
@@ -96,6 +118,7 @@ def get_handler_registry() -> Dict[Type, Callable[[Any], StateHandler]]:
 
 
 def set_handler_registry(registry: Dict[Type, Callable[[Any], StateHandler]]) -> None:
+    """Replace the value type → handler factory table (to handle more kinds of values)."""
     global _handlers
     _handlers = registry
 
@@ -150,22 +173,26 @@ class TorchState(ObjectState):
             object.__setattr__(self, name, value)
 
     def save(self) -> None:
+        """Save every handled value and the plain attributes."""
         for handler in self._handlers.values():
             handler.save()
         super().save()
 
     def restore(self) -> None:
+        """Restore every handled value and the plain attributes."""
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
 
     def sync(self) -> None:
+        """Sync from rank 0: the model first (so the optimizer's state is made for its parameters), then the rest."""
         order = sorted(self._handlers.values(), key=lambda h: not isinstance(h, ModelStateHandler))
         for handler in order:
             handler.sync()
         super().sync()
 
     def reset(self) -> None:
+        """Let every handled value adapt to the new membership (samplers re-split their indices)."""
         for handler in self._handlers.values():
             handler.reset()
 
