@@ -26,6 +26,7 @@ ALIASES: Dict[str, str] = {
     "horovod.common.compression": "horovod.runtime.compression",
     "horovod.common.topology": "horovod.runtime.topology",
     "horovod.common.launch_env": "horovod.runtime.launch_env",
+    "horovod.common.elastic": "horovod.elastic",
     "horovod.elastic.worker": "horovod.runtime.elastic_worker",
     "horovod.elastic.protocol": "horovod.common.elastic_records",
 }

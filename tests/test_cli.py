@@ -23,8 +23,22 @@ def test_check_build(capsys):
     out = capsys.readouterr().out
     assert f"Horovod v{__version__}:" in out
     assert "[X] Gloo (TCP)" in out and "[ ] MPI" in out and "[ ] NCCL" in out and "[X] Shared memory" in out
-    fake = check_build_text("1.0", importable=lambda module: module == "jax")
-    assert "[X] JAX" in fake and "[ ] PyTorch" in fake and "[ ] TensorFlow" in fake
+    assert "[ ] MXNet" in out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("present, marked", [
+    ({"jax"}, set()),                                    # the framework alone is not enough
+    ({"horovod.jax"}, set()),                            # nor this package's module alone
+    ({"jax", "horovod.jax"}, {"JAX"}),
+    ({"ray", "horovod.ray", "pyspark"}, {"Ray"}),
+    ({"pyspark", "horovod.spark", "torch", "horovod.torch"}, {"Spark", "PyTorch"}),
+])
+def test_check_build_lists_only_what_is_really_available(present, marked):
+    text = check_build_text("1.0", found=lambda module: module in present)
+    rows = {line.split("] ", 1)[1]: line.strip().startswith("[X]") for line in text.splitlines() if "] " in line}
+    for name in ("TensorFlow", "PyTorch", "MXNet", "JAX", "Ray", "Spark"):
+        assert rows[name] == (name in marked), (name, text)
 
 
 @pytest.mark.unit

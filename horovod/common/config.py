@@ -359,6 +359,9 @@ def environ_snapshot() -> Dict[str, str]:
     return dict(os.environ)
 
 
-def environ_set(name: str, value: str) -> None:
-    """Set a variable in this process (``init(process_sets="dynamic")`` does, as Horovod does)."""
-    os.environ[name] = value
+def environ_set(name: str, value: Optional[str]) -> None:
+    """Set a variable in this process (``init(process_sets="dynamic")`` does, as Horovod does); None removes it."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
