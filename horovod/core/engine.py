@@ -50,7 +50,7 @@ _BATCH_SPACING_SECONDS = 0.010
 # While a caller blocks on a result, the loop polls its sockets for shm.spin_seconds(local ranks) before it sleeps in
 # select: a frame from a peer then costs no scheduler wake-up (20-40 us on a virtual machine), about a fifth of a
 # small allreduce. Only where every local rank has a core of its own, as for the shared-memory barriers.
-# A parked engine thread (see _select) looks at its peers at least this rarely, even under a tiny explicit
+# A parked engine thread (see Engine.select) looks at its peers at least this rarely, even under a tiny explicit
 # HOROVOD_CYCLE_TIME: each look is a wake-up, and parking happens exactly when callers run the loop themselves.
 _MIN_PARK_SECONDS = 0.001
 # A caller about to wait takes the loop if the engine thread lets go of it within this long (it does whenever it
