@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ray
@@ -88,6 +89,8 @@ class ElasticAdapter:
         self.executable = (None, (), {})
         self.extra_env: Dict[str, str] = {}
         self.backend: Optional[RayBackend] = None
+        self._job = uuid.uuid4().hex[:8]    # worker actors are named horovod-elastic-<job>-<host>-<slot>-<n>
+        self._started = 0
 
     def start(self, executable_cls: Optional[type] = None, executable_args: Optional[Sequence] = None,
               executable_kwargs: Optional[Dict[str, Any]] = None,
@@ -103,8 +106,10 @@ class ElasticAdapter:
         node_id = getattr(self.discovery, "node_ids", {}).get(launch.hostname)
         if node_id is None:
             raise OSError(f"no live Ray node is named {launch.hostname}")
+        self._started += 1
         return remote_worker_cls().options(
             num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
+            name=f"horovod-elastic-{self._job}-{launch.hostname}-{launch.slot.local_rank}-{self._started}",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
 
     def _begin(self, call: Callable, args: Sequence, kwargs: Dict[str, Any], with_executable: bool):

@@ -2,7 +2,7 @@
 
 :meth:`StaticAdapter.start` places the actors (:mod:`horovod.ray.strategy`), learns which Ray node each landed on,
 numbers them node by node (:func:`horovod.ray.placement.static_slots`), serves the job's rendezvous on the driver's
-node and hands every actor its environment through the launch pipeline (:func:`horovod.runner.launch.plan_launches`,
+node and hands every actor its environment through the launch pipeline (:func:`horovod.runner.pipeline.plan_launches`,
 :class:`horovod.runner.backends.ray.RayBackend`). A :class:`~horovod.runner.supervisor.Supervisor` watches the actors
 in a thread: the first that dies makes it kill the others (fail fast), and the next call raises Horovod's failure
 message. A function that raises on some rank while others stay blocked (in a collective with it) stops the job
@@ -25,7 +25,7 @@ from horovod.ray.placement import static_slots
 from horovod.ray.strategy import BaseStrategy, ColocatedStrategy, PGStrategy
 from horovod.ray.utils import driver_address, job_extra_env, settings_env
 from horovod.runner.backends.ray import RayBackend
-from horovod.runner.launch import LaunchConfig, plan_launches
+from horovod.runner.pipeline import LaunchConfig, plan_launches
 from horovod.runner.output import OutputSink
 from horovod.runner.rendezvous import RendezvousPool
 from horovod.runner.supervisor import DEFAULT_GRACE_SECONDS, JobResult, Supervisor, failure_message

@@ -14,7 +14,7 @@ __all__ = ["settings_env", "job_extra_env", "driver_address"]
 def settings_env() -> Dict[str, str]:
     """The driver's own ``HOROVOD_*`` settings (``HOROVOD_FUSION_THRESHOLD``...), for every worker: a Ray actor does not
     inherit the driver's environment. The launcher's per-worker variables are replaced by
-    :func:`horovod.runner.launch.worker_env`; ``HOROVOD_ELASTIC`` is the job's to decide."""
+    :func:`horovod.runner.pipeline.worker_env`; ``HOROVOD_ELASTIC`` is the job's to decide."""
     return {k: v for k, v in config.environ_snapshot().items()
             if k in config.SETTINGS_BY_ENV and k != "HOROVOD_ELASTIC"}
 

@@ -63,3 +63,9 @@ def multinode_ray(*cpus_per_node: int):
         ray.shutdown()
         with _actor_pythonpath():
             cluster.shutdown()
+
+
+def add_node(cluster, cpus: int):
+    """Add a node of ``cpus`` CPUs to a :func:`multinode_ray` cluster (from the main thread: Ray's rule)."""
+    with _actor_pythonpath():
+        return cluster.add_node(num_cpus=cpus, object_store_memory=STORE_BYTES)

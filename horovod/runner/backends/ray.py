@@ -1,7 +1,7 @@
 """Workers as Ray actors: the launch pipeline's backend for Ray (``horovod.ray``).
 
 Ray decides where each worker runs; the pipeline decides everything else the same way as for local, ssh and
-``mpirun`` workers: :func:`horovod.runner.launch.plan_launches` gives each :class:`~.base.WorkerLaunch` its complete
+``mpirun`` workers: :func:`horovod.runner.pipeline.plan_launches` gives each :class:`~.base.WorkerLaunch` its complete
 environment (rendezvous address, job secret, ranks), and a :class:`~horovod.runner.supervisor.Supervisor` fails the
 job fast and reaps it. This backend only finds the actor of each launch (``place``), sets the launch's environment in
 it before anything else runs there, and starts the launch's work (``begin``) — for :class:`~horovod.ray.RayExecutor`
