@@ -47,12 +47,15 @@ def rooms(modules: Dict[str, Module]) -> Tuple[Dict[str, int], Counter, Dict[str
     for module in modules.values():
         room = _room(module.name)
         lines[room] += module.lines
-        members[room].append((module.lines, module.name.split(".", 2)[-1] if module.name.count(".") > 1 else ""))
+        members[room].append((module.lines, module.name.split(".", 2)[-1] if module.name.count(".") > 1 else
+                              ("__init__" if module.path.name == "__init__.py" and room != "__init__" else "")))
         for target in module.imports:
             other = _room(target)
             if other != room and target != "horovod":
                 edges[(room, other)] += 1
-    biggest = {room: [name for _, name in sorted(found, reverse=True) if name][:8] for room, found in members.items()}
+    biggest = {room: [name for _, name in sorted(found, reverse=True)
+                      if name and (name != "__init__" or len(found) == 1)][:8]
+               for room, found in members.items()}
     return dict(lines), edges, biggest
 
 
