@@ -13,51 +13,7 @@ from typing import Dict, List, Optional, Sequence, Union
 from horovod.common.types import OpType, Request
 from horovod.runtime import context
 
-# -- the engine side of dynamic sets ----------------------------------------------------------------------------------
-
-_set_change_counter = 0
-
-
-def _set_change(op: OpType, payload) -> object:
-    global _set_change_counter
-    ctx = context.current()
-    if not ctx.dynamic_sets:
-        raise ValueError("Process sets can only be added or removed in dynamic mode: set "
-                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call hvd.init(process_sets='dynamic')")
-    _set_change_counter += 1
-    name = f"process_set.{op.name.lower()}.{_set_change_counter}"
-    handle = context.engine().submit(Request(name, op, "uint8", (), payload=tuple(payload)), None)
-    return handle.result()
-
-
-def _add_process_set_impl(ranks: Sequence[int]) -> int:
-    ctx = context.current()
-    if not ranks or any(r < 0 or r >= ctx.size for r in ranks):
-        raise ValueError(f"process set ranks {list(ranks)} must be non-empty and within 0..{ctx.size - 1}")
-    set_id = _set_change(OpType.ADD_PROCESS_SET, sorted(ranks))
-    if set_id < 0:
-        raise ValueError(f"a process set with ranks {sorted(ranks)} is already registered (id {-set_id - 1}); "
-                         f"this is a duplicate")
-    return set_id
-
-
-def _remove_process_set_impl(set_id: int) -> bool:
-    return bool(_set_change(OpType.REMOVE_PROCESS_SET, [set_id]))
-
-
-def _get_process_set_ids_and_ranks() -> Dict[int, List[int]]:
-    return {i: list(r) for i, r in context.engine().set_ids().items()}
-
-
-def _process_set_rank(set_id: int) -> int:
-    ranks = context.engine().set_ranks(set_id)
-    me = context.current().rank
-    return ranks.index(me) if ranks and me in ranks else -1
-
-
-def _process_set_size(set_id: int) -> int:
-    ranks = context.engine().set_ranks(set_id)
-    return len(ranks) if ranks else -1
+__all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
 
 
 class ProcessSet:
