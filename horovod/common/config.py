@@ -198,6 +198,10 @@ class Config:
     gloo_timeout_seconds: float = _s(30.0, "seconds a peer may stay silent before the job fails",
                                      flag="--gloo-timeout-seconds", minimum=0,
                                      yaml="library_options.gloo_timeout_seconds")
+    liveness_timeout: float = _s(10.0, "seconds a peer's connection may show no sign of life before the peer is "
+                                 "declared lost (the kernel probes idle connections, so a rank busy in user code "
+                                 "stays alive; 0: no probes)", flag="--liveness-timeout", minimum=0,
+                                 yaml="library_options.liveness_timeout")
     gloo_iface: str = _s("", "network interface(s) for the data plane, comma-separated: each host uses the first it "
                          "has")
     gloo_rendezvous_addr: Optional[str] = _s(None, "rendezvous server address (set by the launcher)")
