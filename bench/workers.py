@@ -17,7 +17,10 @@ STEP_TENSORS = 200
 STEP_BYTES = 4096
 
 
-def sizes(max_bytes: int, min_bytes: int = 4):
+def sizes(max_bytes: int, min_bytes: int = 4, listed=None):
+    if listed:
+        yield from (n for n in listed if n <= max_bytes)
+        return
     size = min_bytes
     while size <= max_bytes:
         yield size
@@ -51,7 +54,7 @@ def _plan(plan, ops_for, agree, slowest, rank, size):
             rows.append({"op": "step", "bytes": STEP_TENSORS * STEP_BYTES,
                          "seconds": _measure(run, plan["seconds"], agree, slowest)})
             continue
-        for nbytes in sizes(plan["max_bytes"]):
+        for nbytes in sizes(plan["max_bytes"], listed=plan.get("sizes")):
             run = ops_for(op, nbytes)
             rows.append({"op": op, "bytes": nbytes, "seconds": _measure(run, plan["seconds"], agree, slowest)})
             if rank == 0:
@@ -91,11 +94,11 @@ def horovod(plan) -> None:
     hvd.shutdown()
 
 
-def gloo(rank: int, size: int, port: int, plan) -> None:
+def gloo(rank: int, size: int, port: int, plan, addr: str = "127.0.0.1") -> None:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)
 
     def ops_for(op, nbytes):
         count = max(1, nbytes // 4)
@@ -166,4 +169,7 @@ def mpi(plan) -> None:
 
 if __name__ == "__main__":
     spec = json.loads(sys.argv[2])
-    {"horovod": horovod, "mpi": mpi}[sys.argv[1]](spec)
+    if sys.argv[1] == "gloo":   # gloo PLAN RANK SIZE ADDR PORT: one rank started by hand (bench/crosshost.py)
+        gloo(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[6]), spec, addr=sys.argv[5])
+    else:
+        {"horovod": horovod, "mpi": mpi}[sys.argv[1]](spec)
