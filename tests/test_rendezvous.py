@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from horovod.common.exceptions import RendezvousError
-from horovod.common.rendezvous_client import RendezvousClient, make_secret, secret_from_hex, secret_to_hex, sign
+from horovod.common.rendezvous_client import (RendezvousClient, make_secret, secret_from_hex, secret_to_hex,
+                                              signed_headers)
 from horovod.runner.rendezvous import KVStore, RendezvousServer
 
 pytestmark = pytest.mark.unit
@@ -36,9 +37,7 @@ def raw(server, method, path, body=b"", headers=None):
 
 
 def signed(secret, method, path, body=b"", nonce=None):
-    nonce = nonce or secrets.token_hex(16)
-    return {"X-Horovod-Nonce": nonce, "X-Horovod-Auth": sign(secret, method, path, nonce, body),
-            "Content-Length": str(len(body))}
+    return signed_headers(secret, method, path, body, nonce=nonce or secrets.token_hex(16))
 
 
 def test_put_get_keys_delete(client):

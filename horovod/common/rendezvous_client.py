@@ -13,12 +13,14 @@ import re
 import secrets
 import time
 import urllib.parse
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from horovod.common.exceptions import RendezvousError
 
 MAX_VALUE_BYTES = 64 * 1024 * 1024
 MAX_WAIT_SECONDS = 10.0
+_REPLY_GRACE_SECONDS = 5.0
+MAX_CLOCK_SKEW = 120.0          # seconds a request's clock may differ from the server's (see the server's docstring)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 _NAME = NAME_PATTERN
 
@@ -28,10 +30,27 @@ def make_secret() -> bytes:
     return secrets.token_bytes(32)
 
 
-def sign(secret: bytes, method: str, path: str, nonce: str, body: bytes) -> str:
-    """The HMAC-SHA256 signature (hex) of one request: method, path, nonce and the body's digest."""
-    message = b"\n".join([method.encode(), path.encode(), nonce.encode(), hashlib.sha256(body).digest()])
+def sign_digest(secret: bytes, method: str, path: str, nonce: str, digest: str, stamp: str) -> str:
+    """The HMAC-SHA256 signature (hex) of one request: method, path, nonce, the body's SHA-256 (hex) and the
+    sender's clock (text)."""
+    message = "\n".join([method, path, nonce, digest, stamp]).encode("utf-8", "surrogateescape")
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def sign(secret: bytes, method: str, path: str, nonce: str, body: bytes, stamp: str = "") -> str:
+    """The HMAC-SHA256 signature (hex) of one request with this body (see :func:`sign_digest`)."""
+    return sign_digest(secret, method, path, nonce, hashlib.sha256(body).hexdigest(), stamp)
+
+
+def signed_headers(secret: bytes, method: str, path: str, body: bytes = b"", clock_offset: float = 0.0,
+                   nonce: Optional[str] = None) -> Dict[str, str]:
+    """Every header that authenticates one request (a fresh nonce unless given)."""
+    nonce = nonce or secrets.token_hex(16)
+    stamp = f"{time.time() + clock_offset:.3f}"
+    digest = hashlib.sha256(body).hexdigest()
+    return {"X-Horovod-Nonce": nonce, "X-Horovod-Time": stamp, "X-Horovod-Body-Digest": digest,
+            "X-Horovod-Auth": sign_digest(secret, method, path, nonce, digest, stamp),
+            "Content-Length": str(len(body))}
 
 
 class RendezvousClient:
@@ -42,27 +61,37 @@ class RendezvousClient:
         self.port = int(port)
         self.secret = secret
         self.timeout = timeout
+        self._clock_offset = 0.0     # the server's clock minus ours, learned when it refuses our clock
 
-    def _request(self, method: str, path: str, body: bytes = b"", http_timeout: float = 30.0):
-        nonce = secrets.token_hex(16)
-        headers = {"X-Horovod-Nonce": nonce, "X-Horovod-Auth": sign(self.secret, method, path, nonce, body),
-                   "Content-Length": str(len(body))}
+    def _request(self, method: str, path: str, body: bytes = b"", deadline: Optional[float] = None):
+        """One request, retried until ``deadline`` (default: the client's timeout from now), never past it."""
+        if deadline is None:
+            deadline = time.monotonic() + max(self.timeout, 1.0)
         last_error: Optional[Exception] = None
-        for attempt in range(3):
-            conn = http.client.HTTPConnection(self.addr, self.port, timeout=http_timeout)
+        attempt = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RendezvousError(f"rendezvous server {self.addr}:{self.port} gave no answer in time "
+                                      f"(HOROVOD_START_TIMEOUT {self.timeout:g} s): {last_error or 'no reply'}")
+            conn = http.client.HTTPConnection(self.addr, self.port, timeout=left)
             try:
-                conn.request(method, path, body=body, headers=headers)
+                conn.request(method, path, body=body,
+                             headers=signed_headers(self.secret, method, path, body, self._clock_offset))
                 response = conn.getresponse()
-                return response.status, response.read()
+                status, reply = response.status, response.read()
+                server_clock = response.getheader("X-Horovod-Time")
+                if status == 403 and server_clock and attempt == 0:
+                    self._clock_offset = _offset(server_clock, self._clock_offset)
+                    attempt += 1
+                    continue
+                return status, reply
             except (OSError, http.client.HTTPException) as exc:
                 last_error = exc
-                time.sleep(0.2 * (attempt + 1))
-                nonce = secrets.token_hex(16)
-                headers["X-Horovod-Nonce"] = nonce
-                headers["X-Horovod-Auth"] = sign(self.secret, method, path, nonce, body)
+                attempt += 1
+                time.sleep(min(0.2 * attempt, 1.0, max(0.0, deadline - time.monotonic())))
             finally:
                 conn.close()
-        raise RendezvousError(f"rendezvous server {self.addr}:{self.port} unreachable: {last_error}")
 
     @staticmethod
     def _path(*parts: str) -> str:
@@ -85,8 +114,9 @@ class RendezvousClient:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             wait = max(0.0, min(MAX_WAIT_SECONDS, deadline - time.monotonic()))
+            # The server answers after ``wait`` at the latest; a little grace for a loaded launcher, never more.
             status, body = self._request("GET", self._path("kv", scope, key) + f"?wait={wait:.3f}",
-                                         http_timeout=wait + 30.0)
+                                         deadline=time.monotonic() + wait + _REPLY_GRACE_SECONDS)
             if status == 200:
                 return body
             if status != 404:
@@ -116,6 +146,13 @@ class RendezvousClient:
         return [k for k in body.decode().split("\n") if k]
 
 
+def _offset(server_clock: str, current: float) -> float:
+    try:
+        return float(server_clock) - time.time()
+    except ValueError:
+        return current
+
+
 def secret_to_hex(secret: bytes) -> str:
     """The job secret as the hex text workers receive in ``HOROVOD_SECRET_KEY``."""
     return secret.hex()
@@ -129,4 +166,5 @@ def secret_from_hex(text: str) -> bytes:
         raise RendezvousError("HOROVOD_SECRET_KEY is not a hex string") from None
 
 
-__all__ = ["RendezvousClient", "make_secret", "sign", "secret_to_hex", "secret_from_hex"]
+__all__ = ["RendezvousClient", "make_secret", "sign", "sign_digest", "signed_headers", "secret_to_hex",
+           "secret_from_hex", "MAX_CLOCK_SKEW"]

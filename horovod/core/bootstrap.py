@@ -68,7 +68,8 @@ def connect(config, topo, scope: str) -> TcpTransport:
     """Create the full mesh of authenticated connections for the job's ranks, bounded by the start timeout."""
     rank, size = topo.rank, topo.size
     client = rendezvous_client(config, topo)
-    transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds, job_token=scope)
+    transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds, job_token=scope,
+                             liveness=config.liveness_timeout)
     if config.gloo_iface:
         host = _interface_address(config.gloo_iface)
     else:

@@ -25,6 +25,11 @@ _IDENTICAL_OPS = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCA
 _JOIN_UNSUPPORTED = (OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER)
 
 
+def _scale(value: float):
+    """A scale factor as compared between ranks: NaN equals NaN (every rank asked for the same thing)."""
+    return "nan" if value != value else value
+
+
 @dataclasses.dataclass
 class StallReport:
     """Tensors waiting longer than the stall warning time, and the ranks (global) that have not sent them."""
@@ -290,8 +295,8 @@ class Coordinator:
             checks.append(("trailing dimensions", lambda r: r.shape[1:]))
         if op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
             checks.append(("reduce op", lambda r: ReduceOp(r.reduce_op).name if r.reduce_op in ReduceOp._value2member_map_ else r.reduce_op))
-            checks.append(("prescale factor", lambda r: r.prescale))
-            checks.append(("postscale factor", lambda r: r.postscale))
+            checks.append(("prescale factor", lambda r: _scale(r.prescale)))
+            checks.append(("postscale factor", lambda r: _scale(r.postscale)))
         if op == OpType.BROADCAST:
             checks.append(("root rank", lambda r: r.root_rank))
         if op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):

@@ -27,7 +27,8 @@ class Transport(Protocol):
 
     rank: int
     size: int
-    timeout: float                  # seconds a peer may stay silent (0: forever)
+    timeout: float                  # seconds a collective may make no progress while its peers live (0: forever)
+    liveness: float                 # seconds a peer's connection may show no sign of life before it is lost
     secret: bytes                   # the job's secret (authenticates connections; names shared-memory segments)
     job_token: str                  # names this mesh of connections among the job's meshes (one per init)
     hostnames: Sequence[str]        # every rank's host identity, by rank (empty until the mesh is up)
@@ -37,7 +38,7 @@ class Transport(Protocol):
         """The connection to ``peer``, for waiting on several peers at once."""
 
     def silent(self, peer: int) -> Exception:
-        """The error for ``peer`` having owed a message for longer than ``timeout``; the transport fails."""
+        """The error for ``peer`` making no progress in a collective for ``timeout``; the transport fails."""
 
     def check_open(self, peer: int) -> None:
         """Raise if ``peer`` hung up; bytes waiting on the connection stay there."""

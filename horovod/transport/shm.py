@@ -31,7 +31,8 @@ import numpy as np
 
 from horovod.common.exceptions import HorovodInternalError
 
-__all__ = ["SHM_DIR", "SPIN_SECONDS", "COUNTER_BARRIERS", "spin_seconds", "available", "job_token", "ShmSegments"]
+__all__ = ["SHM_DIR", "SPIN_SECONDS", "COUNTER_BARRIERS", "spin_seconds", "available", "job_token", "wake_name",
+           "ShmSegments"]
 
 log = logging.getLogger("horovod")
 
@@ -71,6 +72,12 @@ def job_token(secret: bytes, scope: str) -> str:
     return hashlib.sha256(secret + scope.encode()).hexdigest()[:16]
 
 
+def wake_name(prefix: str, rank: int) -> str:
+    """The abstract socket name ``rank`` is woken on: any local user can list these names (``/proc/net/unix``),
+    so they must not reveal the segments' prefix, which would let another user pre-create a job's segments."""
+    return "hvdpy-w-" + hashlib.sha256(f"wake:{prefix}:{rank}".encode()).hexdigest()[:32]
+
+
 class ShmSegments:
     """One growable segment per rank of a group; ``view(i)`` maps rank ``i``'s segment as bytes."""
 
@@ -92,7 +99,7 @@ class ShmSegments:
         self._asleep: List[np.ndarray] = []  # per segment: the barrier its rank sleeps in, 0 when awake
         self._wake: Optional[socket.socket] = None     # datagrams from peers that saw us asleep
         self._wake_timeout = 0.0
-        self._wake_names = ["\0" + f"{prefix}-w{rank}" for rank in self.ranks]
+        self._wake_names = ["\0" + wake_name(prefix, rank) for rank in self.ranks]
         self._wake_failed = False
         if COUNTER_BARRIERS:
             try:
@@ -182,6 +189,7 @@ class ShmSegments:
         timeout = self.transport.timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         look = _FIRST_LOOK
+        next_check = time.monotonic() + look
         try:
             while True:
                 mine[0] = epoch
@@ -189,6 +197,7 @@ class ShmSegments:
                 waiting = [p for p in peers if flags[p][0] < epoch]
                 if not waiting:
                     return
+                woken = False
                 if wake is not None:
                     if look != self._wake_timeout:
                         # In the kernel, not Python's timeout: that would poll before every receive, and the
@@ -198,16 +207,21 @@ class ShmSegments:
                         self._wake_timeout = look
                     try:
                         wake.recv(16)
-                        continue    # woken (or by an old datagram): look again
+                        woken = True    # by a peer (or an old datagram, or anyone: looked at below all the same)
                     except (BlockingIOError, InterruptedError):
                         pass
                 else:
                     time.sleep(look)
-                for p in waiting:
-                    self.transport.check_open(self.ranks[p])    # raises on a hang-up
-                if deadline is not None and time.monotonic() > deadline:
+                now = time.monotonic()
+                # On every wake-up, not only after a quiet look: datagrams from anyone must not defer these.
+                if now >= next_check:
+                    for p in waiting:
+                        self.transport.check_open(self.ranks[p])    # raises on a hang-up
+                    next_check = now + look
+                if deadline is not None and now > deadline:
                     raise self.transport.silent(self.ranks[waiting[0]])
-                look = min(2 * look, _LAST_LOOK if wake is not None else _FIRST_LOOK)
+                if not woken:
+                    look = min(2 * look, _LAST_LOOK if wake is not None else _FIRST_LOOK)
         finally:
             mine[0] = 0
 

@@ -7,10 +7,19 @@ fallback, and the only way between hosts. Each peer has a sender thread, so a ri
 receiving from the left. A socket error, a closed connection or a peer silent for longer than the timeout becomes
 :class:`HorovodInternalError` naming the peer; the transport then closes every connection so that the other ranks
 learn of the failure at once instead of waiting for their own timeout.
+
+Liveness is the kernel's, separate from progress: every TCP connection has keepalive probes and a bound on
+unacknowledged data (``HOROVOD_LIVENESS_TIMEOUT``), which the peer's kernel answers whatever its Python does (a rank
+inside a minute-long call that holds the GIL stays alive), so a host that is down or cut off is lost within the
+liveness timeout, a dead process at once (its kernel closes the connection), and the collective timeout
+(``HOROVOD_GLOO_TIMEOUT_SECONDS``) only bounds a collective that makes no progress while its peers are alive.
+
+How the mesh is made (listening, dialling, authenticating, refusing strangers) is :mod:`horovod.transport.mesh`'s.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import select
@@ -21,14 +30,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
+from horovod.transport.mesh import FORKED, MeshSetup, forked, watch_liveness
 
-__all__ = ["SendFuture", "TcpTransport"]
+__all__ = ["SendFuture", "TcpTransport", "forked", "watch_liveness"]
 
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _INLINE_SEND_BYTES = 64 * 1024
-_PURPOSE_MESH = 1
-
-
 class SendFuture:
     """Completion of one queued send; ``wait`` re-raises the sender's error."""
 
@@ -86,9 +93,10 @@ class _Sender(threading.Thread):
                 future._finish(exc)
 
 
-def _configure(sock: socket.socket, timeout: float) -> None:
+def _configure(sock: socket.socket, timeout: float, liveness: float = 0.0) -> None:
     if sock.family != socket.AF_UNIX:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        watch_liveness(sock, liveness)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
@@ -97,18 +105,22 @@ def _configure(sock: socket.socket, timeout: float) -> None:
     sock.settimeout(timeout if timeout > 0 else None)
 
 
-class TcpTransport:
+class TcpTransport(MeshSetup):
     """Point-to-point messaging between the ranks of one job over authenticated TCP connections."""
 
-    def __init__(self, rank: int, size: int, secret: bytes, timeout: float, job_token: str = ""):
+    def __init__(self, rank: int, size: int, secret: bytes, timeout: float, job_token: str = "",
+                 liveness: float = 0.0):
         self.rank = rank
         self.size = size
         self.secret = secret
         self.timeout = timeout
+        self.liveness = liveness            # HOROVOD_LIVENESS_TIMEOUT (0: the kernel's defaults)
         self.job_token = job_token
         self._socks: Dict[int, socket.socket] = {}
         self._senders: Dict[int, _Sender] = {}
         self._broken: Optional[str] = None
+        self._pid = os.getpid()
+        self._accepting_ended = False
         self._listener: Optional[socket.socket] = None
         self._unix_listener: Optional[socket.socket] = None
         self.unix_name = ""                # where same-host peers dial us ("" when Unix sockets are unavailable)
@@ -117,116 +129,18 @@ class TcpTransport:
 
     # -- setup ---------------------------------------------------------------------------------------------------
 
-    def listen(self, bind_host: str = "0.0.0.0") -> int:
-        """Open the listening socket; returns its port (to be published through the rendezvous)."""
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((bind_host, 0))
-        self._listener.listen(max(16, self.size))
-        self._listen_unix()
-        return self._listener.getsockname()[1]
-
-    def _listen_unix(self) -> None:
-        if not hasattr(socket, "AF_UNIX") or not os.path.exists("/proc/net/unix"):
-            return      # the abstract namespace is Linux's
-        name = f"hvdpy-{os.getpid()}-{os.urandom(8).hex()}"
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind("\0" + name)
-            listener.listen(max(16, self.size))
-        except OSError:
-            listener.close()
-            return
-        self._unix_listener, self.unix_name = listener, name
-
     def connect(self, addresses: Dict[int, Tuple[str, int]], deadline: float,
                 unix_names: Optional[Dict[int, str]] = None) -> None:
         """Dial every lower rank and accept every higher one, authenticating each; bounded by ``deadline``.
 
         ``unix_names`` names the Unix sockets of lower ranks on this host; each is tried before the TCP address.
         """
-        try:
-            for peer in range(self.rank):
-                name = (unix_names or {}).get(peer)
-                if not (name and self._dial_unix(peer, name, deadline)):
-                    self._dial(peer, addresses[peer], deadline)
-            self._accept_higher(deadline)
-        except (OSError, ConnectionError) as exc:
-            self.close()
-            raise HorovodInternalError(f"rank {self.rank}: could not connect to its peers: {exc}") from None
-        finally:
-            for listener in (self._listener, self._unix_listener):
-                if listener is not None:
-                    listener.close()
-            self._listener = self._unix_listener = None
+        self._connect_all(addresses, deadline, unix_names)
         for peer, sock in self._socks.items():
-            _configure(sock, self.timeout)
+            _configure(sock, self.timeout, self.liveness)
             sender = _Sender(self, peer)
             sender.start()
             self._senders[peer] = sender
-
-    def _dial(self, peer: int, address: Tuple[str, int], deadline: float) -> None:
-        last: Optional[BaseException] = None
-        while time.monotonic() < deadline:
-            try:
-                sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
-            except OSError as exc:
-                last = exc
-                time.sleep(0.05)
-                continue
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            self._greet(sock, peer, address)
-            return
-        raise HorovodInternalError(f"rank {self.rank} could not reach rank {peer} at {address[0]}:{address[1]} "
-                                   f"before the start timeout: {last}")
-
-    def _dial_unix(self, peer: int, name: str, deadline: float) -> bool:
-        """Connect to a same-host peer's Unix socket; False when it cannot be reached that way (then TCP)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            sock.connect("\0" + name)
-        except OSError:
-            sock.close()    # another network namespace, or no such socket: the peer is not here after all
-            return False
-        self._greet(sock, peer, f"unix:{name}")
-        return True
-
-    def _greet(self, sock: socket.socket, peer: int, where) -> None:
-        """Authenticate a connection we dialled; it becomes ``peer``'s when ``peer`` answered."""
-        their_rank = wire.handshake(sock, self.secret, self.rank, _PURPOSE_MESH)
-        if their_rank != peer:
-            sock.close()
-            raise HorovodInternalError(f"rank {self.rank} dialled rank {peer} at {where} but rank "
-                                       f"{their_rank} answered")
-        self._socks[peer] = sock
-
-    def _accept_higher(self, deadline: float) -> None:
-        expected = set(range(self.rank + 1, self.size))
-        listeners = [listener for listener in (self._listener, self._unix_listener) if listener is not None]
-        while expected:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise HorovodInternalError(f"rank {self.rank} timed out waiting for ranks {sorted(expected)} "
-                                           f"to connect")
-            ready, _, _ = select.select(listeners, [], [], remaining)
-            if not ready:
-                continue
-            try:
-                sock, _ = ready[0].accept()
-            except (BlockingIOError, InterruptedError):
-                continue
-            sock.settimeout(min(remaining, 10.0))
-            try:
-                peer = wire.handshake(sock, self.secret, self.rank, _PURPOSE_MESH, dialer=False)
-            except (HorovodInternalError, OSError, ConnectionError):
-                sock.close()  # a stranger or a garbled greeting: drop it and keep waiting for real peers
-                continue
-            if peer not in expected:
-                sock.close()
-                continue
-            expected.discard(peer)
-            self._socks[peer] = sock
 
     def set_layout(self, hostnames: Sequence[str], cores: Sequence[int]) -> None:
         """Every rank's host identity and core count, as the ranks published them (known once the mesh is up).
@@ -243,11 +157,17 @@ class TcpTransport:
 
     def _fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
         if self._broken is None:
-            if isinstance(exc, socket.timeout):
-                self._broken = (f"rank {peer} sent nothing for {self.timeout:g} s "
-                                f"(HOROVOD_GLOO_TIMEOUT_SECONDS); it is hung or unreachable")
+            if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT:
+                # The kernel's keepalive probes or unacknowledged data ran out: the host is down or cut off.
+                self._broken = (f"{self._where(peer)} was lost: its connection showed no sign of life for "
+                                f"{self.liveness:g} s (HOROVOD_LIVENESS_TIMEOUT); its host is down or unreachable")
+            elif isinstance(exc, socket.timeout):
+                # Python's own timeout: the peer's kernel still answers, so the process is alive but stuck.
+                self._broken = (f"{self._where(peer)} sent nothing for {self.timeout:g} s in the middle of a "
+                                f"collective (HOROVOD_GLOO_TIMEOUT_SECONDS), though its connection is alive: it is "
+                                f"stuck, or busy in a long call that holds Python's GIL")
             else:
-                self._broken = f"connection to rank {peer} failed: {exc}; that rank probably died"
+                self._broken = f"{self._where(peer)} was lost: its connection failed ({exc}); the process died"
             self.close()
         return HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
 
@@ -262,7 +182,7 @@ class TcpTransport:
             raise self._fail(peer, exc) from None
 
     def silent(self, peer: int) -> HorovodInternalError:
-        """``peer`` owed this rank a message for longer than the timeout: the same failure as a silent receive."""
+        """``peer`` made no progress in a collective for longer than the timeout (its connection is alive)."""
         return self._fail(peer, socket.timeout())
 
     def _sock(self, peer: int) -> socket.socket:
@@ -332,18 +252,32 @@ class TcpTransport:
             raise self._fail(peer, exc) from None
 
     def close(self) -> None:
-        """Close every connection and stop the sender threads; later calls raise HorovodInternalError."""
+        """Close every connection and stop the sender threads; later calls raise HorovodInternalError.
+
+        In a process forked after the connections were made, they are the parent's too: they are only closed
+        here, never shut down, which would cut the parent off.
+        """
         for listener in (self._listener, self._unix_listener):
             if listener is not None:
                 listener.close()
         self._listener = self._unix_listener = None
+        child = FORKED[0] and self._pid != os.getpid()
         for sender in self._senders.values():
             sender.jobs.put(None)
         for sock in list(self._socks.values()):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            if not child:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             sock.close()
         if self._broken is None:
-            self._broken = "the transport was closed (Horovod has been shut down)"
+            self._broken = ("this process was forked after hvd.init(): the job's connections belong to its parent"
+                            if child else "the transport was closed (Horovod has been shut down)")
+
+    def join_senders(self, timeout: float) -> None:
+        """Wait (after :meth:`close`) for the sender threads to end, so that none outlives the interpreter."""
+        end = time.monotonic() + timeout
+        for sender in self._senders.values():
+            if sender is not threading.current_thread():
+                sender.join(max(0.0, end - time.monotonic()))

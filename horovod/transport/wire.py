@@ -1,8 +1,10 @@
 """Framing, the control-message codec and connection authentication.
 
 Control messages are tuples, lists, dicts, strings, bytes, numbers, booleans and None only: they are pickled and
-unpickled with an unpickler that refuses every class, so nothing from the network can name code to run. Each frame
-is a 4-byte big-endian length then the payload, capped at :data:`MAX_CONTROL_BYTES`.
+unpickled with an unpickler that refuses every class, so nothing from the network can name code to run, and the
+decoded value is checked to hold nothing else (no sets, bytearrays or other types a pickle can build without naming
+a class). Each frame is a 4-byte big-endian length then the payload, capped at :data:`MAX_CONTROL_BYTES`; anything
+malformed is one :class:`HorovodInternalError`.
 
 Authentication is a mutual challenge-response: each side sends a random nonce and proves knowledge of the job secret
 with an HMAC over both nonces, both ranks, its role (dialer or acceptor) and the connection's purpose, before anything
@@ -18,7 +20,8 @@ import os
 import pickle
 import socket
 import struct
-from typing import Any
+import time
+from typing import Any, Optional
 
 from horovod.common.exceptions import HorovodInternalError
 
@@ -35,6 +38,24 @@ class _NoClassUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"control message names a class ({module}.{name}); refused")
 
 
+_SCALARS = (str, bytes, int, float, bool, type(None))
+_MAX_DEPTH = 32
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is plain data: scalars, and tuples, lists and dicts (scalar keys) of plain data."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if depth >= _MAX_DEPTH:
+        return False
+    if kind is tuple or kind is list:
+        return all(_plain(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(type(key) in _SCALARS and _plain(item, depth + 1) for key, item in value.items())
+    return False
+
+
 def encode(message: Any) -> bytes:
     """A control message (primitives only) as bytes."""
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -47,9 +68,13 @@ def decode(payload: bytes) -> Any:
         HorovodInternalError: the bytes are not a valid message.
     """
     try:
-        return _NoClassUnpickler(io.BytesIO(payload)).load()
+        message = _NoClassUnpickler(io.BytesIO(payload)).load()
     except Exception as exc:  # any garbage must become one clear error, never a crash elsewhere
         raise HorovodInternalError(f"garbled control message ({len(payload)} bytes): {exc}") from None
+    if not _plain(message):
+        raise HorovodInternalError(f"control message of {len(payload)} bytes holds something other than plain data "
+                                   f"({type(message).__name__}); refused")
+    return message
 
 
 def recv_exact(sock: socket.socket, view: memoryview) -> None:
@@ -82,6 +107,24 @@ def recv_frame(sock: socket.socket) -> bytes:
     return bytes(payload)
 
 
+def _recv_by(sock: socket.socket, size: int, deadline: Optional[float]) -> bytes:
+    """``size`` bytes from ``sock`` before ``deadline`` in all, however slowly they trickle in."""
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    while got < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("handshake not complete by its deadline")
+            sock.settimeout(left)
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise ConnectionError("connection closed by peer")
+        got += n
+    return bytes(data)
+
+
 def _proof(secret: bytes, role: bytes, dialer_nonce: bytes, acceptor_nonce: bytes, dialer_rank: int,
            acceptor_rank: int, purpose: int) -> bytes:
     # The role and both ranks are bound into the proof, so a proof obtained from one connection (or from the other
@@ -90,7 +133,8 @@ def _proof(secret: bytes, role: bytes, dialer_nonce: bytes, acceptor_nonce: byte
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int, dialer: bool = True) -> int:
+def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int, dialer: bool = True,
+              deadline: Optional[float] = None) -> int:
     """Authenticate both ends of a fresh connection; returns the peer's rank.
 
     The dialer proves itself first; the acceptor answers with its own proof only after checking the dialer's, so an
@@ -102,14 +146,15 @@ def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int, di
         my_rank: this end's rank.
         purpose: what the connection is for (both ends must agree).
         dialer: True on the side that connected, False on the side that accepted.
+        deadline: ``time.monotonic()`` by which the whole handshake must be done (None: the socket's timeout
+            bounds each receive).
 
     Raises:
         HorovodInternalError: the peer does not know the secret, speaks another protocol or another purpose.
     """
     nonce = os.urandom(16)
     sock.sendall(_HELLO.pack(MAGIC, nonce, my_rank, purpose))
-    hello = bytearray(_HELLO.size)
-    recv_exact(sock, memoryview(hello))
+    hello = _recv_by(sock, _HELLO.size, deadline)
     magic, their_nonce, their_rank, their_purpose = _HELLO.unpack(hello)
     if magic != MAGIC or their_purpose != purpose:
         raise HorovodInternalError("peer speaks another protocol or belongs to another job")
@@ -118,9 +163,8 @@ def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int, di
         expected = _proof(secret, b"A", nonce, their_nonce, my_rank, their_rank, purpose)
     else:
         expected = _proof(secret, b"D", their_nonce, nonce, their_rank, my_rank, purpose)
-    proof = bytearray(32)
-    recv_exact(sock, memoryview(proof))
-    if not hmac.compare_digest(bytes(proof), expected):
+    proof = _recv_by(sock, 32, deadline)
+    if not hmac.compare_digest(proof, expected):
         raise HorovodInternalError("peer failed authentication (wrong job secret)")
     if not dialer:
         sock.sendall(_proof(secret, b"A", their_nonce, nonce, their_rank, my_rank, purpose))

@@ -103,7 +103,10 @@ def decode_message(data) -> Message:
             and isinstance(data[1], (list, tuple)) and all(isinstance(b, int) for b in data[1])
             and isinstance(data[2], (list, tuple))):
         raise HorovodInternalError(f"malformed negotiation message {data!r:.200}")
-    return Message(data[0], tuple(data[1]), tuple(Request.from_wire(r) for r in data[2]))
+    try:
+        return Message(data[0], tuple(data[1]), tuple(Request.from_wire(r) for r in data[2]))
+    except (ValueError, TypeError) as exc:
+        raise HorovodInternalError(f"malformed negotiation message: {exc}") from None
 
 
 def report_stalls(reports: Sequence[StallReport]) -> None:

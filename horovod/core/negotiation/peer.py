@@ -10,7 +10,7 @@ measurements: docs/engine.md.
 
 from __future__ import annotations
 
-import select
+import logging
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -25,6 +25,7 @@ from horovod.core.set_state import SetState
 __all__ = ["PeerNegotiation"]
 
 _EMPTY_MESSAGE = Message(False, (), ())
+log = logging.getLogger("horovod")
 
 
 def _is_peer_frame(frame) -> bool:
@@ -66,6 +67,7 @@ class PeerNegotiation(Negotiation):
         self._own_clock = 0.0
         self._queued_since: Optional[float] = None      # when this rank's queues became non-empty
         self._last_start = float("-inf")
+        self._warned = False                            # the silence of this cycle's peers was reported
         self.held = inline.HeldData()
 
     def start(self) -> None:
@@ -85,7 +87,7 @@ class PeerNegotiation(Negotiation):
         """Send this rank's frame when due, then return once every peer's frame for the cycle has arrived.
 
         Raises:
-            HorovodInternalError: a peer stayed silent past the transport's timeout, or sent something else.
+            HorovodInternalError: a peer was lost, or sent something else.
         """
         loop = self.loop
         while True:
@@ -102,19 +104,25 @@ class PeerNegotiation(Negotiation):
             if self.presented and loop.transport.timeout > 0:
                 timeout = self._liveness_bound(waiting, timeout)
             self._read(loop.select([loop.wake.reader] + waiting, timeout))
-        self.presented = False
+        self.presented = self._warned = False
         self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
         self._last_start = time.monotonic()
 
-    def _liveness_bound(self, waiting: List[int], timeout: Optional[float]) -> float:
-        """A live peer answers a frame within a poll interval, idle or not: one silent for the transport's timeout
-        is hung or cut off (an idle star follower would never be asked). What already arrived is read first: this
-        process may have been the one paused."""
+    def _liveness_bound(self, waiting: List[int], timeout: Optional[float]) -> Optional[float]:
+        """A live peer answers a frame within a poll interval, idle or not; one that has not for the transport's
+        timeout is busy (a long call holding the GIL) or stuck, but alive: a lost host or process is the
+        connection's to report (its liveness probes, or the closed socket). Warn once, and keep waiting."""
         transport = self.loop.transport
         left = self._own_clock + transport.timeout - time.monotonic()
-        if left <= 0 and not select.select(waiting, [], [], 0)[0]:
-            raise transport.silent(self._peers[waiting[0]])
-        return max(left, 0.0) if timeout is None else min(timeout, max(left, 0.0))
+        if left > 0:
+            return left if timeout is None else min(timeout, left)
+        if not self._warned:
+            self._warned = True
+            late = [self._peers[fd] for fd in waiting]
+            log.warning("rank %d: ranks %s have not answered for %.0f s though their connections are alive: busy "
+                        "(a long call that holds Python's GIL?) or stuck; still waiting", self.loop.rank, late,
+                        transport.timeout)
+        return timeout
 
     def _read(self, readable: list) -> None:
         loop = self.loop
