@@ -14,7 +14,7 @@ import pytest
 
 from horovod.common.config import environ_snapshot
 from horovod.runner.hosts import HostInfo, get_host_assignments
-from horovod.runner.launch import LaunchConfig, package_pythonpath, plan_launches, worker_env
+from horovod.runner.pipeline import LaunchConfig, package_pythonpath, plan_launches, worker_env
 from horovod.runner.output import OutputSink
 from horovod.runner.procgroup import ProcessHandle, start_session
 from horovod.runner.rendezvous import RendezvousInfo
@@ -32,7 +32,8 @@ def test_worker_env_overrides_inherited_topology():
                    "HOROVOD_CROSS_SIZE": "1", "HOROVOD_HOSTNAME": "localhost",
                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321",
                    "HOROVOD_SECRET_KEY": "01ff", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-                   "PYTHONUNBUFFERED": "1"}
+                   "PYTHONUNBUFFERED": "1", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2",
+                   "LOCAL_WORLD_SIZE": "4"}
     assert base["HOROVOD_RANK"] == "9"  # the input is not modified
     scoped = worker_env({}, slot, RendezvousInfo("h", 1, b"", scope="job7"))
     assert scoped["HOROVOD_RENDEZVOUS_SCOPE"] == "job7"

@@ -54,7 +54,9 @@ class Setting:
 
     ``flag_scale`` converts the flag's unit to the variable's (``--fusion-threshold-mb`` is MiB, the variable bytes).
     ``yaml`` is ``section.key`` in a ``--config-file``; ``yaml_negates`` inverts a boolean there
-    (``stall_check.enabled`` sets ``HOROVOD_STALL_CHECK_DISABLE``).
+    (``stall_check.enabled`` sets ``HOROVOD_STALL_CHECK_DISABLE``). ``flag_aliases`` are other spellings of the
+    flag and ``off_flags`` spellings that set a boolean to False (besides ``--no-<flag>``), as Horovod accepts them.
+    ``default_text`` describes the default in ``--help`` where the plain value would mislead.
     """
 
     env: str
@@ -72,6 +74,9 @@ class Setting:
     yaml_negates: bool = False
     side: str = "workers"
     inert: Optional[str] = None
+    flag_aliases: Tuple[str, ...] = ()
+    off_flags: Tuple[str, ...] = ()
+    default_text: Optional[str] = None
 
     @property
     def launcher_only(self) -> bool:
@@ -138,7 +143,8 @@ class Config:
     cycle_time: float = _s(
         1.0, "minimum milliseconds between background cycles that no caller waits for (left unset: at least 10, so "
         "that a backward pass's gradients fuse); a caller blocked on a result never waits", flag="--cycle-time-ms",
-        minimum=0, yaml="params.cycle_time_ms")
+        minimum=0, yaml="params.cycle_time_ms",
+        default_text="10 ms when not given; a value given is used as is (Horovod's default is 1)")
     cache_capacity: int = _s(1024, "response cache entries; 0 disables the cache", flag="--cache-capacity",
                              minimum=0, agreed=True, yaml="params.cache_capacity")
     disable_group_fusion: bool = _s(False, "fuse explicit groups separately from other tensors", agreed=True)
@@ -180,7 +186,7 @@ class Config:
                                     flag="--timeline-mark-cycles", yaml="timeline.mark_cycles")
     # Stall inspector.
     stall_check_disable: bool = _s(False, "disable the stall inspector", flag="--no-stall-check", agreed=True,
-                                   yaml="stall_check.enabled", yaml_negates=True)
+                                   yaml="stall_check.enabled", yaml_negates=True, off_flags=("--stall-check",))
     stall_check_time_seconds: float = _s(60.0, "seconds before a stalled tensor is reported",
                                          flag="--stall-check-warning-time-seconds", minimum=0, agreed=True,
                                          yaml="stall_check.warning_time_seconds")
@@ -191,7 +197,8 @@ class Config:
     log_level: str = _s("WARNING", "level of the 'horovod' logger: TRACE, DEBUG, INFO, WARNING, ERROR or FATAL",
                         flag="--log-level", choices=LOG_LEVELS, yaml="logging.level")
     log_hide_time: bool = _s(False, "omit timestamps from log lines", flag="--log-without-timestamp",
-                             yaml="logging.without_timestamp")
+                             yaml="logging.without_timestamp", flag_aliases=("--log-hide-timestamp",),
+                             off_flags=("--log-with-timestamp", "--no-log-hide-timestamp"))
     # Controller and transport.
     controller: str = _s("gloo", "controller: gloo (our TCP/shared-memory engine)", inert=_COMPAT)
     cpu_operations: str = _s("gloo", "CPU collective implementation", inert=_COMPAT)
@@ -211,8 +218,9 @@ class Config:
                                    yaml="library_options.mpi_threads_disable", inert=_COMPAT)
     num_nccl_streams: int = _s(1, "NCCL streams", flag="--num-nccl-streams", yaml="library_options.num_nccl_streams",
                                inert=_NO_GPU)
-    thread_affinity: Optional[str] = _s(None, "core of the background thread", flag="--thread-affinity",
-                                        yaml="library_options.thread_affinity", inert=_COMPAT)
+    thread_affinity: Optional[str] = _s(None, "cores of each local rank's threads: one entry per local rank, "
+                                        "comma-separated, each a core id or a range a-b", flag="--thread-affinity",
+                                        yaml="library_options.thread_affinity")
     adasum_mpi_chunk_size: int = _s(1 << 30, "Adasum chunk size in bytes", inert=_COMPAT)
     # Topology (set by the launcher, mpirun or Slurm).
     rank: int = _s(0, "global rank of this worker")

@@ -15,6 +15,6 @@ def __getattr__(name: str) -> Any:
         from horovod.runner import api
         return getattr(api, name)
     if name == "NotAvailableYetError":
-        from horovod.runner.launch import NotAvailableYetError
+        from horovod.runner.pipeline import NotAvailableYetError
         return NotAvailableYetError
     raise AttributeError(f"module 'horovod.runner' has no attribute {name!r}")

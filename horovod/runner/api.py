@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from horovod.runner.elastic.api import run_elastic
 from horovod.runner.elastic.launch import is_elastic
 from horovod.runner.hosts import resolve_hosts
-from horovod.runner.launch import NotAvailableYetError, package_pythonpath
+from horovod.runner.pipeline import NotAvailableYetError, package_pythonpath
 from horovod.runner.outcomes import FunctionExchange, WorkerFailedError, raise_for_outcomes
 from horovod.runner.plan import plan_job, run_static
 

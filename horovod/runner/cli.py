@@ -13,19 +13,22 @@ import argparse
 import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from horovod.common import config
 from horovod.common.exceptions import HorovodConfigError
+from horovod.common.failure_records import SCOPE, FailureRecord
 from horovod.runner import tunables
 from horovod.runner.backends.mpirun import MpiNotFoundError
 from horovod.runner.check_build import check_build_text
 from horovod.runner.elastic.launch import is_elastic, main_elastic, settings_from_values
-from horovod.runner.launch import LaunchConfig, NotAvailableYetError
+from horovod.runner.pipeline import LaunchConfig, NotAvailableYetError
 from horovod.runner.network import NetworkError
 from horovod.runner.plan import exit_status, launcher_env, plan_job, run_static
 from horovod.runner.ssh import HostCheckError
-from horovod.runner.supervisor import failure_message
+from horovod.runner.diagnosis import read_records, summary
+from horovod.runner.usage import HorovodArgumentParser, usage_error
 from horovod.version import __version__
 
-__all__ = ["main", "make_parser", "check_available", "launcher_env", "resolve_values"]
+__all__ = ["main", "make_parser", "check_available", "launcher_env", "resolve_values", "configure_launcher_logging"]
 
 _CONTROLLERS = ("use_gloo", "use_mpi", "use_jsrun")
 
@@ -82,7 +85,7 @@ def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
 
 def make_parser() -> argparse.ArgumentParser:
     """The ``horovodrun`` argument parser with Horovod's flags."""
-    parser = argparse.ArgumentParser(prog="horovodrun", description="Horovod Runner")
+    parser = HorovodArgumentParser(prog="horovodrun", description="Horovod Runner")
     _add_job_flags(parser)
     tunables.add_tunable_flags(parser)
     _add_elastic_flags(parser)
@@ -115,6 +118,17 @@ def resolve_values(args: argparse.Namespace) -> Dict[str, Any]:
     return values
 
 
+def configure_launcher_logging(values: Mapping[str, Any]) -> None:
+    """Apply ``--log-level`` and the timestamp flags (or their ``HOROVOD_*`` variables) to this launcher's
+    ``horovod`` loggers, as they will be to the workers'.
+
+    Raises:
+        HorovodConfigError: a ``HOROVOD_*`` variable of this environment does not parse.
+    """
+    settings = config.load_config({**config.environ_snapshot(), **tunables.tunables_to_env(values)})
+    config.configure_logging(settings)
+
+
 def _plan(values: Mapping[str, Any]) -> Optional[LaunchConfig]:
     """The static job to run, or None for an elastic one; raises ValueError and friends for usage errors."""
     check_available(values)
@@ -130,8 +144,9 @@ def _plan(values: Mapping[str, Any]) -> Optional[LaunchConfig]:
 
 
 def _run(values: Mapping[str, Any], launch: LaunchConfig) -> int:
+    records: Dict[int, FailureRecord] = {}
     try:
-        result = run_static(values, launch)
+        result = run_static(values, launch, finish_store=lambda store: records.update(read_records(store, SCOPE)))
     except (NetworkError, HostCheckError, MpiNotFoundError) as exc:
         print(f"horovodrun: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -139,7 +154,7 @@ def _run(values: Mapping[str, Any], launch: LaunchConfig) -> int:
         print(f"horovodrun: cannot start {launch.command[0]!r}: {exc.strerror or exc}", file=sys.stderr, flush=True)
         return 127
     if result.first_failure is not None and not values.get("use_mpi"):
-        print(failure_message(result.first_failure), file=sys.stderr, flush=True)
+        print(summary(result, records), file=sys.stderr, flush=True)
     return exit_status(result, passthrough=bool(values.get("use_mpi")))
 
 
@@ -157,10 +172,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         values = resolve_values(args)
+        configure_launcher_logging(values)
         launch = _plan(values)
     except (ValueError, HorovodConfigError, NotAvailableYetError) as exc:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(usage_error(parser.prog, str(exc), parser.option_strings()), file=sys.stderr, flush=True)
         return 2
     if launch is None:
         return main_elastic(values, launcher_env(values))

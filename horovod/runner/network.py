@@ -9,12 +9,11 @@ the same way, toward the rendezvous (``horovod.core.bootstrap``).
 
 from __future__ import annotations
 
-import fcntl
 import socket
-import struct
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-_SIOCGIFADDR = 0x8915
+from horovod.common.netaddr import interface_address
+
 
 
 class NetworkError(ValueError):
@@ -66,16 +65,9 @@ def route_source(host: str) -> str:
         probe.close()
 
 
-def interface_address(name: str) -> Optional[str]:
-    """The IPv4 address of the interface ``name`` on this machine, or None if it has none."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        return None
-    finally:
-        probe.close()
+def interface_of(address: str) -> Optional[str]:
+    """The name of this machine's interface that holds IPv4 ``address``, or None."""
+    return next((name for _, name in socket.if_nameindex() if interface_address(name) == address), None)
 
 
 def launcher_addresses(remote_hosts: Sequence[str], nics: Sequence[str] = ()) -> Dict[str, str]:
@@ -108,5 +100,5 @@ def bind_addresses(by_host: Mapping[str, str]) -> List[str]:
     return seen
 
 
-__all__ = ["NetworkError", "parse_nics", "resolve_host", "route_source", "interface_address", "launcher_addresses",
-           "bind_addresses"]
+__all__ = ["NetworkError", "parse_nics", "resolve_host", "route_source", "interface_address", "interface_of",
+           "launcher_addresses", "bind_addresses"]

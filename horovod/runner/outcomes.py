@@ -9,6 +9,7 @@ import cloudpickle
 
 from horovod.common.exceptions import HorovodError
 from horovod.runner.run_task import FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE, TaskOutcome
+from horovod.runner.diagnosis import diagnose
 from horovod.runner.supervisor import JobResult, failure_message
 
 __all__ = ["WorkerFailedError", "FunctionExchange", "load_outcome", "raise_for_outcomes"]
@@ -60,23 +61,16 @@ def raise_for_outcomes(result: JobResult, outcomes: Mapping[int, TaskOutcome], s
         The values returned by each rank, ordered by rank.
 
     Raises:
-        BaseException: the exception the first failed rank raised (its original type when it pickled), with a
-            :class:`WorkerFailedError` carrying the rank's traceback as its cause.
+        BaseException: the root cause (:func:`horovod.runner.diagnosis.diagnose`): the exception of the rank whose
+            failure came first, not a survivor's ``HorovodInternalError`` (its original type when it pickled), with
+            a :class:`WorkerFailedError` carrying the rank's traceback as its cause. When a rank finished while
+            another waited for it, the waiting rank's error, with a note saying so.
         KeyboardInterrupt: the launcher got SIGINT.
         RuntimeError: a worker died without publishing an outcome.
     """
-    failed = sorted(r for r, o in outcomes.items() if o.failed)
+    failed = {r: o for r, o in outcomes.items() if o.failed}
     if failed:
-        first = result.first_failure.rank if result.first_failure and result.first_failure.rank in failed \
-            else failed[0]
-        outcome = outcomes[first]
-        error = WorkerFailedError(f"rank {first} of {size} raised {outcome.error_repr}; its traceback:\n"
-                                  f"{outcome.traceback}", first)
-        if isinstance(outcome.error, Exception):
-            if hasattr(outcome.error, "add_note"):
-                outcome.error.add_note(f"(raised on rank {first}; see the cause below for its traceback)")
-            raise outcome.error from error
-        raise error
+        _raise_root_cause(result, failed, size)
     if result.interrupted_by is not None:
         raise KeyboardInterrupt(f"horovod.run interrupted by signal {result.interrupted_by}")
     if result.first_failure is not None:
@@ -85,3 +79,26 @@ def raise_for_outcomes(result: JobResult, outcomes: Mapping[int, TaskOutcome], s
     if missing or result.timed_out:
         raise RuntimeError(f"rank(s) {missing} ended without publishing a result")
     return [outcomes[r].value for r in range(size)]
+
+
+def _raise_root_cause(result: JobResult, failed: Mapping[int, TaskOutcome], size: int) -> None:
+    records = {r: o.record for r, o in failed.items() if o.record is not None}
+    verdict = diagnose(result, records)
+    note = None
+    rank = min(failed)
+    if verdict is not None and verdict.kind == "died" and verdict.rank not in failed:
+        raise RuntimeError(f"{failure_message(verdict.exit)}Root cause: {verdict.headline()}.")
+    if verdict is not None and verdict.kind == "finished" and verdict.waiter is not None:
+        rank, note = verdict.waiter.rank, f"Root cause: {verdict.headline()}."
+    elif verdict is not None and verdict.rank in failed:
+        rank = verdict.rank
+    outcome = failed[rank]
+    error = WorkerFailedError(f"rank {rank} of {size} raised {outcome.error_repr}; its traceback:\n"
+                              f"{outcome.traceback}" + (f"\n{note}" if note else ""), rank)
+    if isinstance(outcome.error, Exception):
+        if hasattr(outcome.error, "add_note"):
+            outcome.error.add_note(f"(raised on rank {rank}; see the cause below for its traceback)")
+            if note:
+                outcome.error.add_note(note)
+        raise outcome.error from error
+    raise error

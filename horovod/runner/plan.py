@@ -5,7 +5,7 @@ as one mapping keyed by ``horovodrun``'s argparse destinations (``np``, ``hosts`
 ``ssh_port``, ``use_mpi``...), and both run a static job through :func:`run_static`:
 
 parse → :func:`plan_job` (slots) → :func:`choose_backend` (local, ssh or mpirun) → rendezvous served where each
-host reaches it → :func:`horovod.runner.launch.run_job` (the backend starts the workers, one supervisor runs them).
+host reaches it → :func:`horovod.runner.pipeline.run_job` (the backend starts the workers, one supervisor runs them).
 
 Elastic jobs take the same options to :mod:`horovod.runner.elastic.launch`.
 """
@@ -21,7 +21,7 @@ from horovod.runner.backends.local import LocalBackend
 from horovod.runner.backends.mpirun import MpirunBackend
 from horovod.runner.backends.ssh import SshBackend
 from horovod.runner.hosts import get_host_assignments, resolve_hosts
-from horovod.runner.launch import LaunchConfig, run_job
+from horovod.runner.pipeline import LaunchConfig, run_job
 from horovod.runner.network import parse_nics
 from horovod.runner.rendezvous import multihost_rendezvous, plan_rendezvous, remote_hosts
 from horovod.runner.ssh import ssh_config
@@ -59,7 +59,7 @@ def plan_job(values: Mapping[str, Any], command: Sequence[str], extra_env: Mappi
 
 def choose_backend(values: Mapping[str, Any], hostnames: Sequence[str]) -> Backend:
     """``mpirun`` with ``use_mpi``; ssh when some host is not this machine; else local processes."""
-    log = _stderr if values.get("verbose") else None
+    log = _stdout if values.get("verbose") else None
     if values.get("use_mpi"):
         return MpirunBackend(None, values.get("ssh_port"), values.get("ssh_identity_file"), values.get("mpi_args"),
                              verbose_log=log)
@@ -106,5 +106,5 @@ def exit_status(result: JobResult, passthrough: bool = False) -> int:
     return result.exit_code
 
 
-def _stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+def _stdout(text: str) -> None:
+    print(text, file=sys.stdout, flush=True)  # verbose lines go where Horovod's verbose launcher prints them

@@ -3,7 +3,7 @@
 Every backend uses these the same way: decide where each host's workers reach the launcher
 (:func:`plan_rendezvous`), serve the store there (:class:`RendezvousPool`, or :func:`rendezvous_service` for a job
 on this machine only), and hand each worker the :class:`RendezvousInfo` of its host through its environment
-(:func:`horovod.runner.launch.worker_env`). The server itself lives in :mod:`horovod.common.rendezvous_server`
+(:func:`horovod.runner.pipeline.worker_env`). The server itself lives in :mod:`horovod.common.rendezvous_server`
 because rank 0 of a job started by ``mpirun`` or ``srun`` serves it too, and workers never import the runner.
 """
 

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import cloudpickle
 
 from horovod.common.config import load_config
+from horovod.common.failure_records import FailureRecord, describe_exception
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
 
 __all__ = ["TaskOutcome", "capture", "dumps_outcome", "client_from_env", "run_published", "main", "FUNC_SCOPE",
@@ -34,6 +35,7 @@ class TaskOutcome:
     error: Optional[BaseException] = None
     error_repr: Optional[str] = None
     traceback: Optional[str] = None
+    record: Optional[FailureRecord] = None  # when and how it failed (the launcher finds the root cause with it)
 
     @property
     def failed(self) -> bool:
@@ -46,7 +48,8 @@ def capture(rank: int, func, args=(), kwargs=None) -> TaskOutcome:
     try:
         return TaskOutcome(rank, value=func(*args, **(kwargs or {})))
     except BaseException as exc:  # noqa: B902 — SystemExit and KeyboardInterrupt are outcomes to report too
-        return TaskOutcome(rank, error=exc, error_repr=repr(exc), traceback=traceback.format_exc())
+        return TaskOutcome(rank, error=exc, error_repr=repr(exc), traceback=traceback.format_exc(),
+                           record=describe_exception(rank, exc))
 
 
 def dumps_outcome(outcome: TaskOutcome) -> bytes:
@@ -78,8 +81,15 @@ def run_published(func_scope: str, result_scope: str) -> int:
     outcome = capture(rank, func, args, kwargs)
     client.put(result_scope, str(rank), dumps_outcome(outcome))
     if outcome.failed:
-        # Also on stderr: the launcher relays it even if the caller never reads the result.
-        print(outcome.traceback, file=sys.stderr, end="", flush=True)
+        # Also on stderr: the launcher relays it even if the caller never reads the result. A rank that failed
+        # because another did says so in one line, so the root cause's traceback is not lost in the others' noise.
+        record = outcome.record
+        if record is not None and record.consequence:
+            waited = f" while waiting for {record.waiting_for}" if record.waiting_for else ""
+            print(f"rank {rank} failed{waited}: {record.headline()} (horovod.run raises the first failure's own "
+                  f"exception)", file=sys.stderr, flush=True)
+        else:
+            print(outcome.traceback, file=sys.stderr, end="", flush=True)
         return 1
     return 0
 

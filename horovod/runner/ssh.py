@@ -159,13 +159,16 @@ def check_hosts(ssh: SshConfig, probes_by_host: Mapping[str, Sequence[str]], env
         HostCheckError: naming every host that failed and why.
     """
     started = time.monotonic()
+    if log is not None:
+        log("Checking ssh on all remote hosts.")
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, max(1, len(probes_by_host)))) as pool:
         futures = {host: pool.submit(_check_one, ssh, host, probes, env) for host, probes in probes_by_host.items()}
         failures = {host: f.result() for host, f in futures.items() if f.result() is not None}
-    if log is not None:
-        log(f"Checked {len(probes_by_host)} remote host(s) over ssh in {time.monotonic() - started:.1f} s")
     if failures:
         raise HostCheckError(failures)
+    if log is not None:
+        log(f"SSH was successful into all the remote hosts ({len(probes_by_host)} checked in "
+            f"{time.monotonic() - started:.1f} s).")
 
 
 __all__ = ["SshConfig", "HostCheckError", "ssh_config", "ssh_argv", "boot_command", "remote_env", "check_hosts",

@@ -1,6 +1,6 @@
 """Supervise a job's workers, however they were started: relay output, fail fast, forward signals, reap.
 
-This is the runner's one implementation of spawn-and-supervise: static jobs (:func:`horovod.runner.launch.run_job`),
+This is the runner's one implementation of spawn-and-supervise: static jobs (:func:`horovod.runner.pipeline.run_job`),
 elastic jobs (:mod:`horovod.runner.elastic.spawner`) and any backend's handles (local processes, ssh clients,
 ``mpirun``, Ray actors) go through a :class:`Supervisor`. The rules:
 
@@ -35,11 +35,13 @@ _READER_JOIN_SECONDS = 2.0  # a grandchild that left the process group may hold 
 
 @dataclasses.dataclass(frozen=True)
 class WorkerExit:
-    """How one worker ended: ``returncode`` is negative when a signal killed it, as in :mod:`subprocess`."""
+    """How one worker ended: ``returncode`` is negative when a signal killed it, as in :mod:`subprocess`;
+    ``ended_at`` is the launcher's wall clock when it saw the exit (0.0: unknown)."""
 
     rank: int
     hostname: str
     returncode: int
+    ended_at: float = dataclasses.field(default=0.0, compare=False)
 
     @property
     def signal_name(self) -> Optional[str]:
@@ -190,7 +192,7 @@ class Supervisor:
                 key, _, returncode = self._events.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 continue
-            exited = WorkerExit(key, self.hostnames[key], returncode)
+            exited = WorkerExit(key, self.hostnames[key], returncode, time.time())
             state.exits[key] = exited
             if on_exit is not None:
                 on_exit(exited)

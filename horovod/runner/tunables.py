@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any, Callable, Dict, List, Mapping, MutableMapping, Optional
 
-from horovod.common.config import LOG_LEVELS, SETTINGS, Setting
+from horovod.common.config import LOG_LEVELS, MIB, SETTINGS, Setting
 from horovod.common.exceptions import HorovodConfigError
 
 __all__ = ["LOG_LEVELS", "flag_settings", "dest_of", "add_tunable_flags", "tunables_to_env", "warn_inert",
@@ -59,15 +59,24 @@ def add_tunable_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tunable parameters (passed to workers as HOROVOD_* variables)")
     for setting in flag_settings():
         dest = dest_of(setting)
-        shown = setting.default if not setting.flag_scale else setting.default // setting.flag_scale
-        help_text = argparse.SUPPRESS if setting.inert else f"{setting.help} ({setting.env}; default: {shown})"
+        help_text = argparse.SUPPRESS if setting.inert else _help(setting)
         if setting.type is bool:
             group.add_argument(setting.flag, dest=dest, action="store_true", default=None, help=help_text)
-            if not setting.flag.startswith("--no-"):
-                group.add_argument("--no-" + setting.flag[2:], dest=dest, action="store_false", default=None,
-                                   help=argparse.SUPPRESS)
+            for alias in setting.flag_aliases:
+                group.add_argument(alias, dest=dest, action="store_true", default=None, help=argparse.SUPPRESS)
+            offs = setting.off_flags + (() if setting.flag.startswith("--no-") else ("--no-" + setting.flag[2:],))
+            for off in offs:
+                group.add_argument(off, dest=dest, action="store_false", default=None, help=argparse.SUPPRESS)
         else:
-            group.add_argument(setting.flag, dest=dest, type=_flag_type(setting), default=None, help=help_text)
+            group.add_argument(setting.flag, *setting.flag_aliases, dest=dest, type=_flag_type(setting),
+                               default=None, help=help_text)
+
+
+def _help(setting: Setting) -> str:
+    if setting.flag_scale == MIB:
+        text = setting.help.replace(" in bytes", " in MiB")
+        return f"{text} ({setting.env} holds bytes; default: {setting.default // MIB} MiB)"
+    return f"{setting.help} ({setting.env}; default: {setting.default_text or setting.default})"
 
 
 def tunables_to_env(values: Mapping[str, Any]) -> Dict[str, str]:

@@ -1,13 +1,18 @@
-"""Workers started by someone else: ``mpirun`` (Open MPI, or MPICH/Intel MPI through PMI) or Slurm's ``srun``.
+"""Workers started by someone else: ``mpirun`` (Open MPI, or MPICH/Intel MPI through PMI), Slurm's ``srun`` or
+``torchrun``.
 
 Such a worker has no ``HOROVOD_RANK``; its rank and the job's size come from the starter's variables
-(``OMPI_COMM_WORLD_*``, ``PMI_*``, ``SLURM_*``, see :func:`detect`). The workers meet through a rendezvous store:
-the one ``horovodrun --mpi`` serves (``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``PORT``), or else one that rank 0 serves at
-``HOROVOD_RENDEZVOUS_ADDR``/``PORT``. Through it every rank publishes its node, and each derives its local and cross
-ranks from that table, so they hold for any placement (block, cyclic, uneven) and agree on every rank.
+(``OMPI_COMM_WORLD_*``, ``PMI_*``, ``SLURM_*``, ``RANK``/``WORLD_SIZE``, see :func:`detect`). The workers meet through
+a rendezvous store, found in this order: the one ``horovodrun --mpi`` serves (``HOROVOD_GLOO_RENDEZVOUS_ADDR``/
+``PORT``); one that rank 0 serves at ``HOROVOD_RENDEZVOUS_ADDR``/``PORT``; under torchrun, one whose address rank 0
+leaves in torchrun's agent store (:mod:`horovod.runtime.torchrun`), or at ``MASTER_ADDR``/``MASTER_PORT`` when
+there is no agent store; under ``mpirun``/``srun`` with mpi4py installed, one agreed on over MPI
+(:mod:`horovod.runtime.mpi_bootstrap`). Through it every rank publishes its node, and each derives its local and
+cross ranks from that table, so they hold for any placement (block, cyclic, uneven) and agree on every rank.
 
-Trust: with ``HOROVOD_SECRET_KEY`` set (the same hex on every rank) the job is closed to anyone without it. Without
-it, the key is derived from the job's id and the rendezvous address: that keeps two jobs from mixing by accident but
+Trust: a rendezvous agreed on over MPI or through torchrun's store gets a fresh random secret. With
+``HOROVOD_SECRET_KEY`` set (the same hex on every rank) a configured one is closed to anyone without it; without it,
+the key is derived from the job's id and the rendezvous address: that keeps two jobs from mixing by accident but
 does not keep out someone who can reach the port and guess the id; rank 0 warns once (docs/cluster.md).
 """
 
@@ -26,10 +31,14 @@ from horovod.common.exceptions import HorovodConfigError, HorovodInternalError, 
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
 from horovod.common.rendezvous_server import RendezvousServer
 from horovod.common.types import Topology
+from horovod.runtime import mpi_bootstrap, torchrun
 
 # Slurm's batch step (the sbatch script itself) and its other pseudo-steps have ids at the top of the 32-bit range;
 # only a task step (srun) starts the job's workers.
 _SLURM_PSEUDO_STEPS = 0xFFFFFFF0
+_TORCH_STYLE = "RANK/WORLD_SIZE/MASTER_ADDR (torch env:// style)"
+_MPI_STARTERS = ("mpirun (Open MPI)", "mpirun (PMI)", "srun (Slurm)")
+_ANY = "0.0.0.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,15 +62,21 @@ def _int(env: Mapping[str, str], name: str) -> int:
 def detect(env: Mapping[str, str]) -> Optional[ExternalSlot]:
     """The slot given by ``mpirun`` or ``srun`` variables in ``env``, or None if neither started this process.
 
-    Open MPI's ``OMPI_COMM_WORLD_RANK``/``SIZE`` win over PMI's ``PMI_RANK``/``PMI_SIZE``, which win over Slurm's
-    ``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS`` (or ``SLURM_NTASKS``), so ``mpirun`` inside a Slurm allocation is
-    seen as ``mpirun``. Slurm counts only inside a task step (``SLURM_STEP_ID`` set and not the batch script).
+    ``torchrun``'s ``RANK``/``WORLD_SIZE`` (with ``TORCHELASTIC_RUN_ID``) come first: torchrun's children inherit
+    the variables of whatever started torchrun. Then Open MPI's ``OMPI_COMM_WORLD_RANK``/``SIZE`` win over PMI's
+    ``PMI_RANK``/``PMI_SIZE``, which win over Slurm's ``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS`` (or
+    ``SLURM_NTASKS``), so ``mpirun`` inside a Slurm allocation is seen as ``mpirun``. Slurm counts only inside a task
+    step (``SLURM_STEP_ID`` set and not the batch script). Last, ``RANK``/``WORLD_SIZE`` with
+    ``MASTER_ADDR``/``MASTER_PORT`` set by hand (torch's env:// convention).
 
     Raises:
         HorovodConfigError: a variable does not parse, or the rank is outside the size.
     """
     slot = None
-    if "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
+    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env:
+        slot = ExternalSlot(torchrun.STARTER, _int(env, "RANK"), _int(env, "WORLD_SIZE"),
+                            job_id=f"{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
         slot = ExternalSlot("mpirun (Open MPI)", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
                             job_id=env.get("OMPI_MCA_ess_base_jobid", env.get("OMPI_MCA_orte_hnp_uri", "")))
     elif "PMI_RANK" in env and "PMI_SIZE" in env:
@@ -74,6 +89,9 @@ def detect(env: Mapping[str, str]) -> Optional[ExternalSlot]:
         node = env.get("SLURMD_NODENAME") or (f"slurm-node-{env['SLURM_NODEID']}" if "SLURM_NODEID" in env else None)
         slot = ExternalSlot("srun (Slurm)", _int(env, "SLURM_PROCID"), _int(env, tasks), node,
                             job_id=f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}")
+    elif all(name in env for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        slot = ExternalSlot(_TORCH_STYLE, _int(env, "RANK"), _int(env, "WORLD_SIZE"),
+                            job_id=f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
     if slot is not None and not 0 <= slot.rank < slot.size:
         raise HorovodConfigError(f"{slot.starter} gave rank {slot.rank} outside 0..{slot.size - 1}")
     return slot
@@ -114,9 +132,10 @@ def _derived_secret(slot: ExternalSlot, addr: str, port: int) -> bytes:
 _served: Dict[Tuple[str, int], object] = {}  # rank 0's rendezvous servers, kept across shutdown()/init()
 
 
-def _serve(addr: str, port: int, secret: bytes) -> None:
+def _serve(addr: str, port: int, secret: bytes) -> int:
+    """Serve the job's rendezvous on ``addr:port`` (``0.0.0.0``/0: every interface, a free port); returns the port."""
     if (addr, port) in _served:
-        return
+        return _served[(addr, port)].port
     try:
         bind = socket.gethostbyname(addr)
     except OSError as exc:
@@ -130,7 +149,13 @@ def _serve(addr: str, port: int, secret: bytes) -> None:
                                      f"{socket.gethostname()}; set it to the host that runs rank 0") from None
         raise HorovodConfigError(f"rank 0 cannot serve the rendezvous on {bind}:{port} "
                                  f"(HOROVOD_RENDEZVOUS_PORT): {exc.strerror or exc}") from None
-    _served[(addr, port)] = server
+    _served[(addr, port) if port else (addr, server.port)] = server
+    return server.port
+
+
+def _serve_fresh(secret: bytes) -> int:
+    """A rendezvous on every interface and a free port (rank 0 of a job that meets through MPI or torchrun)."""
+    return _serve(_ANY, 0, secret)
 
 
 def _put_until(client: RendezvousClient, scope: str, key: str, value: bytes, deadline: float) -> None:
@@ -159,33 +184,8 @@ def _exchange_nodes(client: RendezvousClient, scope: str, slot: ExternalSlot, no
     return nodes
 
 
-def resolve_external(cfg, environ: Optional[Mapping[str, str]] = None):
-    """The :class:`~horovod.runtime.topology.Topology` of a worker started by ``mpirun``/``srun``, else None.
-
-    None also when ``horovodrun`` (or ``horovod.run``/``spawn_ranks``) set ``HOROVOD_RANK``, or for elastic
-    workers: their launcher decided.
-
-    Raises:
-        HorovodConfigError: no rendezvous address is configured, or rank 0 cannot serve it.
-        HorovodInternalError: the ranks did not meet within the start timeout.
-    """
-    env = _config.environ_snapshot() if environ is None else environ
-    if "HOROVOD_RANK" in env or cfg.elastic:
-        return None  # a Horovod launcher (or the elastic driver) placed this worker
-    slot = detect(env)
-    if slot is None:
-        return None
-    node = (slot.node or socket.gethostname()).replace("\n", " ")
-    if slot.size == 1:
-        return Topology(0, 1, 0, 1, 0, 1, node, scope=cfg.rendezvous_scope)
-    served_by_launcher = bool(cfg.gloo_rendezvous_addr) and cfg.gloo_rendezvous_port > 0
-    addr, port = ((cfg.gloo_rendezvous_addr, cfg.gloo_rendezvous_port) if served_by_launcher
-                  else (cfg.rendezvous_addr, cfg.rendezvous_port))
-    if not addr or port <= 0:
-        raise HorovodConfigError(
-            f"rank {slot.rank} of {slot.size} was started by {slot.starter} without horovodrun; set "
-            f"HOROVOD_RENDEZVOUS_ADDR (the host of rank 0) and HOROVOD_RENDEZVOUS_PORT (a free port) on every rank, "
-            f"or start the job with horovodrun --mpi")
+def _configured(cfg, slot: ExternalSlot, addr: str, port: int) -> Tuple[str, int, bytes]:
+    """A rendezvous address given by variables: rank 0 serves it (unless the launcher does)."""
     if cfg.secret_key:
         secret = secret_from_hex(cfg.secret_key)
     else:
@@ -194,8 +194,35 @@ def resolve_external(cfg, environ: Optional[Mapping[str, str]] = None):
             print(f"horovod: HOROVOD_SECRET_KEY is not set: the rendezvous at {addr}:{port} is keyed by the job id "
                   f"only, and anyone who can reach it could join. Export the same random HOROVOD_SECRET_KEY "
                   f"(hex, e.g. `openssl rand -hex 32`) to every rank to close the job.", file=sys.stderr, flush=True)
-    if slot.rank == 0 and not served_by_launcher:
+    if slot.rank == 0:
         _serve(addr, port, secret)
+    return addr, port, secret
+
+
+def _rendezvous(cfg, env: Mapping[str, str], slot: ExternalSlot) -> Tuple[str, int, bytes]:
+    """Where the job's ranks meet, and its secret: the launcher's, the configured one, or one agreed on through
+    torchrun's agent store or over MPI."""
+    if cfg.gloo_rendezvous_addr and cfg.gloo_rendezvous_port > 0:  # horovodrun --mpi serves it
+        secret = secret_from_hex(cfg.secret_key) if cfg.secret_key else \
+            _derived_secret(slot, cfg.gloo_rendezvous_addr, cfg.gloo_rendezvous_port)
+        return cfg.gloo_rendezvous_addr, cfg.gloo_rendezvous_port, secret
+    if cfg.rendezvous_addr and cfg.rendezvous_port > 0:
+        return _configured(cfg, slot, cfg.rendezvous_addr, cfg.rendezvous_port)
+    if slot.starter == torchrun.STARTER and torchrun.uses_agent_store(env):
+        master = (env["MASTER_ADDR"], _int(env, "MASTER_PORT"))
+        return torchrun.meet(slot.rank, slot.size, slot.job_id, master, cfg.start_timeout,
+                             lambda secret: (master[0], _serve_fresh(secret)))
+    if "MASTER_ADDR" in env and "MASTER_PORT" in env and slot.starter in (torchrun.STARTER, _TORCH_STYLE):
+        return _configured(cfg, slot, env["MASTER_ADDR"], _int(env, "MASTER_PORT"))
+    if slot.starter in _MPI_STARTERS and mpi_bootstrap.available():
+        return mpi_bootstrap.meet(mpi_bootstrap.world_communicator(), _serve_fresh)
+    raise HorovodConfigError(
+        f"rank {slot.rank} of {slot.size} was started by {slot.starter} without horovodrun; install mpi4py (the "
+        f"ranks then meet over MPI), or set HOROVOD_RENDEZVOUS_ADDR (the host of rank 0) and HOROVOD_RENDEZVOUS_PORT "
+        f"(a free port) on every rank, or start the job with horovodrun --mpi")
+
+
+def _place(cfg, slot: ExternalSlot, node: str, addr: str, port: int, secret: bytes) -> Topology:
     deadline = time.monotonic() + cfg.start_timeout
     client = RendezvousClient(addr, port, secret, timeout=cfg.start_timeout)
     try:
@@ -208,4 +235,42 @@ def resolve_external(cfg, environ: Optional[Mapping[str, str]] = None):
                     cfg.rendezvous_scope)
 
 
-__all__ = ["ExternalSlot", "detect", "placement", "resolve_external"]
+def resolve_communicator(cfg, comm) -> Topology:
+    """The topology of a job made of the ranks of mpi4py communicator ``comm`` (``hvd.init(comm=...)``); every rank
+    of ``comm`` must call it.
+
+    Raises:
+        HorovodInternalError: the ranks could not meet.
+    """
+    slot = ExternalSlot("mpi4py communicator", comm.Get_rank(), comm.Get_size(), job_id="comm")
+    node = socket.gethostname()
+    if slot.size == 1:
+        return Topology(0, 1, 0, 1, 0, 1, node, scope=cfg.rendezvous_scope)
+    addr, port, secret = mpi_bootstrap.meet(comm, _serve_fresh)
+    return _place(cfg, slot, node, addr, port, secret)
+
+
+def resolve_external(cfg, environ: Optional[Mapping[str, str]] = None):
+    """The :class:`~horovod.runtime.topology.Topology` of a worker started by ``mpirun``, ``srun`` or ``torchrun``,
+    else None.
+
+    None also when ``horovodrun`` (or ``horovod.run``/``spawn_ranks``) set ``HOROVOD_RANK``, or for elastic
+    workers: their launcher decided.
+
+    Raises:
+        HorovodConfigError: no way to meet is configured or available, or rank 0 cannot serve the rendezvous.
+        HorovodInternalError: the ranks did not meet within the start timeout.
+    """
+    env = _config.environ_snapshot() if environ is None else environ
+    if "HOROVOD_RANK" in env or cfg.elastic:
+        return None  # a Horovod launcher (or the elastic driver) placed this worker
+    slot = detect(env)
+    if slot is None:
+        return None
+    node = (slot.node or socket.gethostname()).replace("\n", " ")
+    if slot.size == 1:
+        return Topology(0, 1, 0, 1, 0, 1, node, scope=cfg.rendezvous_scope)
+    return _place(cfg, slot, node, *_rendezvous(cfg, env, slot))
+
+
+__all__ = ["ExternalSlot", "detect", "placement", "resolve_external", "resolve_communicator"]

@@ -11,17 +11,33 @@ from typing import Optional
 
 from horovod.common.rendezvous_client import secret_from_hex
 from horovod.common.types import Topology
+from horovod.runtime import failure_report
+from horovod.runtime.affinity import apply_thread_affinity
 from horovod.runtime.elastic_worker import resolve_elastic as _ask_driver
-from horovod.runtime.launch_env import resolve_external
+from horovod.runtime.launch_env import resolve_communicator, resolve_external
+from horovod.runtime.mpi_bootstrap import is_communicator
 
 __all__ = ["Topology", "resolve", "resolve_elastic"]
 
 
-def resolve(config) -> Topology:
-    """The topology given by the launcher's ``HOROVOD_*`` variables (see :mod:`horovod.common.config`).
+def resolve(config, comm=None) -> Topology:
+    """The topology given by the launcher's ``HOROVOD_*`` variables (see :mod:`horovod.common.config`); then this
+    rank's threads are pinned as ``HOROVOD_THREAD_AFFINITY`` says (:mod:`horovod.runtime.affinity`) and, under a
+    launcher, an uncaught exception will be reported to it (:mod:`horovod.runtime.failure_report`).
 
-    A worker started by ``mpirun`` or ``srun`` without ``horovodrun`` is placed by :func:`_started_by_others`.
+    A worker started by ``mpirun``, ``srun`` or ``torchrun`` without ``horovodrun`` is placed by
+    :func:`_started_by_others`; with an mpi4py communicator ``comm`` (``hvd.init(comm=...)``), its ranks form the
+    job and meet over it.
     """
+    topo = resolve_communicator(config, comm) if is_communicator(comm) else _resolve(config)
+    apply_thread_affinity(config.thread_affinity, topo.local_rank, topo.local_size)
+    if config.gloo_rendezvous_addr and not config.elastic and topo.rendezvous_addr and topo.secret:
+        # A launcher serves this job's store: tell it how this rank fails, if it does (the root cause).
+        failure_report.install(topo.rank, topo.rendezvous_addr, topo.rendezvous_port, topo.secret)
+    return topo
+
+
+def _resolve(config) -> Topology:
     external = _started_by_others(config)
     if external is not None:
         return external

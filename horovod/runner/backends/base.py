@@ -3,7 +3,7 @@
 A backend receives the planned workers, each a :class:`WorkerLaunch` (its slot, command line and complete
 environment, rendezvous address and job secret included), and returns one :class:`WorkerHandle` per process it
 started, by rank. It decides nothing about ranks, environments or failures: the pipeline
-(:mod:`horovod.runner.launch`) plans those, and the :class:`~horovod.runner.supervisor.Supervisor` relays the
+(:mod:`horovod.runner.pipeline`) plans those, and the :class:`~horovod.runner.supervisor.Supervisor` relays the
 handles' output, forwards signals, fails fast and reaps them. Writing a backend (Ray actors, Spark tasks) means
 implementing :meth:`Backend.start` (usually with :func:`start_each`) and, for workers that are not local ``Popen``
 objects, a handle with the members of :class:`WorkerHandle`.
@@ -23,7 +23,7 @@ __all__ = ["WorkerLaunch", "WorkerHandle", "Backend", "start_each"]
 @dataclasses.dataclass(frozen=True)
 class WorkerLaunch:
     """One worker to start: where it runs, what it runs and its whole environment (from
-    :func:`horovod.runner.launch.worker_env`)."""
+    :func:`horovod.runner.pipeline.worker_env`)."""
 
     slot: SlotInfo
     command: Tuple[str, ...]

@@ -18,7 +18,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from horovod.common.exceptions import HorovodError
 from horovod.runner.backends.base import WorkerHandle, WorkerLaunch
 from horovod.runner.hosts import HostInfo
-from horovod.runner.launch import SLOT_VARS
+from horovod.runner.pipeline import SLOT_VARS
 from horovod.runner.procgroup import ProcessHandle, start_session
 
 __all__ = ["MpiNotFoundError", "MpirunBackend", "find_mpirun", "mpirun_command", "mpirun_hosts", "euid_is_root"]

@@ -19,7 +19,7 @@ from horovod.common import config
 from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_each
 from horovod.runner.backends.local import start_local
 from horovod.runner.hosts import is_local_host
-from horovod.runner.launch import LAUNCHER_VARS
+from horovod.runner.pipeline import LAUNCHER_VARS
 from horovod.runner.procgroup import ProcessHandle, start_session
 from horovod.runner.ssh import SshConfig, boot_command, check_hosts, remote_env, ssh_argv
 from horovod.runner.ssh_boot import make_payload

@@ -3,7 +3,7 @@ job.
 
 The driver decides which slot gets a worker; :class:`ElasticSpawner` only carries it out: it gives the slot's host
 its rendezvous address (served from then on), builds the worker's environment with
-:func:`horovod.runner.launch.worker_env`, has the backend start it (:class:`~horovod.runner.backends.ssh.SshBackend`:
+:func:`horovod.runner.pipeline.worker_env`, has the backend start it (:class:`~horovod.runner.backends.ssh.SshBackend`:
 local hosts directly, others over ssh after a one-time check) and hands the handle to the
 :class:`~horovod.runner.supervisor.Supervisor`, which relays its output under the slot key (``[host:slot]``) and
 reports its exit. A host that cannot be reached or fails its check raises :class:`OSError` naming why, and the driver
@@ -17,7 +17,7 @@ from typing import Callable, Hashable, List, Mapping, Sequence, Tuple
 from horovod.common.elastic_records import slot_key
 from horovod.runner.backends.base import Backend, WorkerLaunch
 from horovod.runner.hosts import SlotInfo
-from horovod.runner.launch import worker_env
+from horovod.runner.pipeline import worker_env
 from horovod.runner.network import NetworkError
 from horovod.runner.rendezvous import RendezvousInfo
 from horovod.runner.ssh import HostCheckError

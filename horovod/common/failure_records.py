@@ -1,0 +1,96 @@
+"""What a failing worker tells its launcher, so the launcher can name the root cause of a job's failure.
+
+When one rank raises, the others fail as a consequence a moment later (their collectives end with
+:class:`~horovod.common.exceptions.HorovodInternalError`), and the order in which the launcher sees the processes
+exit says little: the rank that raised may still be shutting down when a survivor has already exited. So each
+worker started by a launcher records, as its exception reaches the top, a :class:`FailureRecord` in the job's
+rendezvous store (scope :data:`SCOPE`, key = rank): when, what, its traceback, whether it is such a consequence, and
+the collective it was waiting for. The launcher reads them after the job (:mod:`horovod.runner.diagnosis`).
+
+Records are small JSON documents, validated when decoded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import traceback as _traceback
+from types import TracebackType
+from typing import Any, Optional
+
+from horovod.common.exceptions import HorovodInternalError
+
+__all__ = ["SCOPE", "FailureRecord", "describe_exception", "waiting_for", "MAX_TRACEBACK_CHARS"]
+
+SCOPE = "failures"
+MAX_TRACEBACK_CHARS = 16000
+_HANDLE = ("horovod.core.handles", "Handle")
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureRecord:
+    """One rank's failure: ``time`` is the wall clock when the exception reached the top of the rank's program."""
+
+    rank: int
+    time: float
+    exc_type: str
+    message: str
+    traceback: str = ""
+    consequence: bool = False
+    waiting_for: Optional[str] = None
+
+    def encode(self) -> bytes:
+        """The record as JSON bytes."""
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> "FailureRecord":
+        """Parse and validate a record.
+
+        Raises:
+            ValueError: not a record.
+        """
+        fields = json.loads(data)
+        if not isinstance(fields, dict) or set(fields) != {f.name for f in dataclasses.fields(FailureRecord)}:
+            raise ValueError("not a failure record")
+        record = FailureRecord(**fields)
+        kinds = ((record.rank, int), (record.time, (int, float)), (record.exc_type, str), (record.message, str),
+                 (record.traceback, str), (record.consequence, bool), (record.waiting_for, (str, type(None))))
+        if not all(isinstance(value, kind) for value, kind in kinds):
+            raise ValueError("failure record with fields of the wrong types")
+        return record
+
+    def headline(self) -> str:
+        """``KeyError: 'missing'``."""
+        return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
+
+
+def waiting_for(tb: Optional[TracebackType]) -> Optional[str]:
+    """The name of the collective whose handle raised in ``tb`` (``allreduce.grad_w``), if one did."""
+    name = None
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        kind = type(owner)
+        if (kind.__module__, kind.__name__) == _HANDLE:
+            name = getattr(owner, "name", None)
+        tb = tb.tb_next
+    return name if isinstance(name, str) else None
+
+
+def describe_exception(rank: int, error: BaseException, when: Optional[float] = None) -> FailureRecord:
+    """The record of ``error`` raised on ``rank`` (now, unless ``when`` is given)."""
+    text = "".join(_traceback.format_exception(type(error), error, error.__traceback__))
+    kind = type(error)
+    name = kind.__name__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
+    return FailureRecord(rank=rank, time=time.time() if when is None else when, exc_type=name,
+                         message=_message(error), traceback=text[-MAX_TRACEBACK_CHARS:],
+                         consequence=isinstance(error, HorovodInternalError),
+                         waiting_for=waiting_for(error.__traceback__))
+
+
+def _message(error: Any) -> str:
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 — a user exception whose __str__ fails
+        return repr(type(error))

@@ -1,0 +1,103 @@
+"""Which rank's failure came first: the root cause of a failed job, from how the workers exited and what the failing
+ones reported (:mod:`horovod.common.failure_records`).
+
+The order in which the launcher sees processes exit is not the order in which they failed: the rank that raised
+may still be shutting down when a survivor, whose collective ended with ``HorovodInternalError`` because of it, has
+already exited. :func:`diagnose` decides, by these rules, in order:
+
+1. a rank that raised anything but ``HorovodInternalError`` (the earliest such report) is the root cause;
+2. else a rank that failed without reporting (killed by a signal, ``sys.exit(1)``) and that the launcher saw fail
+   first is the root cause;
+3. else, when a rank exited normally before the first failure, the job failed because that rank finished while the
+   others still waited (for the collective the first consequence names);
+4. else the first failure the launcher saw.
+
+It is a pure function; :func:`summary` turns its verdict into what ``horovodrun`` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+from horovod.common.failure_records import FailureRecord
+from horovod.runner.supervisor import JobResult, WorkerExit, failure_message
+
+__all__ = ["Diagnosis", "diagnose", "summary", "read_records"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """The verdict: ``rank`` caused the failure (``kind``: ``raised``, ``died``, ``finished`` or ``failed``)."""
+
+    rank: int
+    kind: str
+    exit: Optional[WorkerExit]
+    record: Optional[FailureRecord] = None
+    waiter: Optional[FailureRecord] = None  # for ``finished``: the first rank left waiting
+
+    def headline(self) -> str:
+        """One line saying what happened."""
+        host = f" on {self.exit.hostname}" if self.exit else ""
+        if self.kind == "raised":
+            return f"rank {self.rank}{host} raised {self.record.headline()}"
+        if self.kind == "finished":
+            waited = f" for {self.waiter.waiting_for}" if self.waiter and self.waiter.waiting_for else ""
+            waiter = f" while rank {self.waiter.rank} waited{waited}" if self.waiter else " while others waited"
+            return f"rank {self.rank}{host} finished (exited with code 0){waiter}"
+        how = self.exit.describe() if self.exit else "an unknown status"
+        what = f": {self.record.headline()}" if self.record else ""
+        return f"rank {self.rank}{host} ended with {how}{what}"
+
+
+def read_records(store, scope: str) -> Mapping[int, FailureRecord]:
+    """The failure records in ``store`` (a :class:`~horovod.common.rendezvous_server.KVStore`); bad ones skipped."""
+    records = {}
+    for key in store.keys(scope):
+        try:
+            record = FailureRecord.decode(store.get(scope, key))
+        except (ValueError, TypeError):
+            continue
+        records[record.rank] = record
+    return records
+
+
+def diagnose(result: JobResult, records: Mapping[int, FailureRecord]) -> Optional[Diagnosis]:
+    """The root cause of ``result``'s failure (None when the job did not fail); see the module docstring."""
+    exits = {e.rank: e for e in result.exits}
+    raised = sorted((r for r in records.values() if not r.consequence), key=lambda r: r.time)
+    if raised:
+        return Diagnosis(raised[0].rank, "raised", exits.get(raised[0].rank), raised[0])
+    first = result.first_failure
+    if first is None:
+        return None
+    if first.rank not in records:
+        return Diagnosis(first.rank, "died", first)
+    finished = sorted((e for e in result.exits if e.returncode == 0 and 0 < e.ended_at <= first.ended_at),
+                      key=lambda e: e.ended_at)
+    waiter = min(records.values(), key=lambda r: r.time)
+    if finished:
+        return Diagnosis(finished[0].rank, "finished", finished[0], waiter=waiter)
+    return Diagnosis(first.rank, "failed", first, records.get(first.rank))
+
+
+def summary(result: JobResult, records: Mapping[int, FailureRecord]) -> str:
+    """What ``horovodrun`` prints after a failed job: the root cause's traceback first, then Horovod's summary naming
+    that rank, then one line per rank that failed as a consequence."""
+    verdict = diagnose(result, records)
+    if verdict is None:
+        return ""
+    lines = []
+    if verdict.record is not None and verdict.record.traceback:
+        lines.append(f"Root cause, rank {verdict.rank}:\n{verdict.record.traceback.rstrip()}\n")
+    # Horovod's block names a process that exited non-zero: the root cause's, unless that rank finished normally.
+    exit_ = result.first_failure if verdict.kind == "finished" else verdict.exit or result.first_failure
+    if exit_ is not None:
+        lines.append(failure_message(exit_).rstrip("\n"))
+    lines.append(f"Root cause: {verdict.headline()}.")
+    others = [r for r in sorted(records.values(), key=lambda r: r.time) if r.rank != verdict.rank]
+    for record in others:
+        why = "as a consequence" if record.consequence else "too"
+        waited = f" (waiting for {record.waiting_for})" if record.waiting_for else ""
+        lines.append(f"  rank {record.rank} failed {why}{waited}: {record.headline()}")
+    return "\n".join(lines) + "\n"
