@@ -77,8 +77,8 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
     """Start Horovod in this process: connect to the other ranks and start the background engine.
 
     Args:
-        comm: None for all ranks (a list of ranks or an MPI communicator needs MPI, which this build lacks,
-            unless it names every rank).
+        comm: None for all ranks; an mpi4py communicator, whose ranks then form the job; or a list naming every
+            rank.
         process_sets: None, a list of :class:`ProcessSet` to register statically (ids 1, 2, ...), or
             ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` at run time.
     Raises:
@@ -93,11 +93,11 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
             _config.environ_set("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
             process_sets = None
         config = _config.load_config()
-        topo = resolve(config)
+        topo = resolve(config, comm)
         size = topo.size
-        if comm is not None and sorted(comm if isinstance(comm, (list, tuple, range)) else [-1]) != list(range(size)):
-            raise ValueError("init(comm=...) with a subset of ranks or an MPI communicator needs MPI support, "
-                             "which this build does not have; use process sets instead")
+        if isinstance(comm, (list, tuple, range)) and sorted(comm) != list(range(size)):
+            raise ValueError("init(comm=[ranks]) with a subset of the ranks needs MPI; pass an mpi4py communicator "
+                             "of those ranks, or use process sets")
         _ctx.install(_start_engine(config, topo, _static_sets(process_sets, size)))
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -212,17 +212,22 @@ def rocm_built() -> bool:
     return False
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a timeline (needs ``HOROVOD_TIMELINE=DYNAMIC``)."""
-    ctx = _require()
-    if ctx.timeline is None:
+def _timeline_of(ctx):
+    if not ctx.config.timeline:
         raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
-    ctx.timeline.start_file(file_path, mark_cycles)
+    return ctx.timeline  # None on ranks other than 0: they succeed and write nothing, as in Horovod
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a timeline (needs ``HOROVOD_TIMELINE`` set, e.g. ``DYNAMIC``); every rank may call it, rank 0
+    writes."""
+    timeline = _timeline_of(_require())
+    if timeline is not None:
+        timeline.start_file(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
-    """Stop writing the timeline started by :func:`start_timeline`."""
-    ctx = _require()
-    if ctx.timeline is None:
-        raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
-    ctx.timeline.stop_file()
+    """Stop writing the timeline started by :func:`start_timeline` (every rank may call it)."""
+    timeline = _timeline_of(_require())
+    if timeline is not None:
+        timeline.stop_file()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Union
 
 from horovod.common.types import OpType, Request
-from horovod.runtime import context
+from horovod.runtime import context, mpi_bootstrap
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
 
@@ -20,14 +20,13 @@ class ProcessSet:
     """A set of global ranks. ``size()`` and ``rank()`` are None until the set is registered."""
 
     def __init__(self, ranks_or_comm: Union[Sequence[int], object]):
-        if hasattr(ranks_or_comm, "Get_rank") and not isinstance(ranks_or_comm, (list, tuple, range)):
-            raise ValueError("ProcessSet from an MPI communicator needs MPI support, which this build does not "
-                             "have; pass the list of ranks instead")
+        self.mpi_comm = None
+        if mpi_bootstrap.is_communicator(ranks_or_comm):  # an mpi4py communicator: its members' world ranks
+            self.mpi_comm, ranks_or_comm = ranks_or_comm, mpi_bootstrap.world_ranks(ranks_or_comm)
         self.ranks: Optional[List[int]] = sorted(int(r) for r in ranks_or_comm) if ranks_or_comm is not None else None
         if self.ranks is not None and len(set(self.ranks)) != len(self.ranks):
             raise ValueError(f"ProcessSet ranks contain duplicates: {self.ranks}")
         self.process_set_id: Optional[int] = None
-        self.mpi_comm = None
 
     def _registered(self) -> bool:
         return self.process_set_id is not None and context.get() is not None
