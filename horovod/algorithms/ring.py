@@ -2,8 +2,9 @@
 
 Allreduce is a reduce-scatter followed by an allgather: each of the 2(n-1) steps sends one segment to the right
 neighbour (from a sender thread) while receiving one from the left, so every link carries 2(n-1)/n of the buffer.
-Received data arrives in chunks that are reduced as soon as they land, so the reduction of one chunk overlaps the
-transfer of the next. No per-element Python: buffers move as memoryviews and reduce with ufuncs in place.
+The steps are pipelined in pieces (up to ``CHUNK_BYTES``): a piece is reduced as soon as it lands and passed on at
+once, so reduction and the next piece's transfer overlap and no step waits for the previous one to finish. No
+per-element Python: buffers move as memoryviews and reduce with ufuncs in place.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = ["CHUNK_BYTES", "EXCHANGE_MAX_BYTES", "ring_reduce_scatter", "ring_all
            "ring_allgatherv", "chain_broadcast", "pairwise_alltoall", "exchange_allreduce"]
 
 CHUNK_BYTES = 1 << 20
+MIN_CHUNK_BYTES = 128 << 10
 # Up to this size an allreduce is latency-bound: one all-to-all exchange of whole buffers (one network hop) beats the
 # ring's 2(n-1) dependent steps, and at two ranks it even moves the same bytes.
 EXCHANGE_MAX_BYTES = 64 << 10
@@ -59,31 +61,86 @@ def ring_reduce_scatter(group: Group, buf: np.ndarray, bounds: Sequence[int], uf
 
 
 def ring_allgather_segments(group: Group, buf: np.ndarray, bounds: Sequence[int]) -> None:
-    """Each rank owns ``buf[bounds[i]:bounds[i+1]]``; afterwards every rank holds every segment."""
+    """Each rank owns ``buf[bounds[i]:bounds[i+1]]``; afterwards every rank holds every segment.
+
+    Pipelined like :func:`ring_allreduce`: a piece is passed on to the right as soon as it arrived from the left.
+    """
     n, me = group.size, group.index
+    if n == 1:
+        return
     right, left = group.peer(1), group.peer(-1)
-    for step in range(n - 1):
-        send_seg = (me - step) % n
-        recv_seg = (me - step - 1) % n
-        out = buf[bounds[send_seg]:bounds[send_seg + 1]]
-        inc = buf[bounds[recv_seg]:bounds[recv_seg + 1]]
-        pending = group.transport.isend(right, _view(out)) if out.size else None
-        if inc.size:
-            group.transport.recv_into(left, _view(inc))
-        if pending is not None:
-            pending.wait()
+    transport, step = group.transport, _chunk_elems(buf, n)
+    pending = [transport.isend(right, _view(buf[lo:hi]))
+               for lo, hi in _chunks(bounds[me], bounds[me + 1], step) if hi > lo]
+    for t in range(n - 1):
+        seg = (me - t - 1) % n
+        for lo, hi in _chunks(bounds[seg], bounds[seg + 1], step):
+            if lo == hi:
+                continue
+            transport.recv_into(left, _view(buf[lo:hi]))
+            if t < n - 2:
+                pending.append(transport.isend(right, _view(buf[lo:hi])))
+    for future in pending:
+        future.wait()
+
+
+def _chunks(lo: int, hi: int, step: int):
+    """Split ``[lo, hi)`` into nearly equal pieces of at most ``step`` elements (no small tail: every piece of a
+    large segment is at least half a chunk, so it goes through the sender thread)."""
+    count = max(1, -(-(hi - lo) // step))
+    base, extra = divmod(hi - lo, count)
+    start = lo
+    for i in range(count):
+        stop = start + base + (1 if i < extra else 0)
+        yield start, stop
+        start = stop
+
+
+def _chunk_elems(buf: np.ndarray, n: int) -> int:
+    # Pieces small enough that a step pipelines (at least four per segment), large enough that Python's per-piece
+    # cost (a queued send, a recv_into, a ufunc call: ~20 us) stays below a few percent of the piece's transfer.
+    seg_bytes = buf.nbytes // n
+    piece = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, seg_bytes // 4))
+    return max(1, piece // buf.itemsize)
 
 
 def ring_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray) -> None:
-    """Reduce the flat contiguous ``buf`` in place across the group.
+    """Reduce the flat contiguous ``buf`` in place across the group: a pipelined ring.
 
-    ``scratch`` is a buffer of ``buf``'s dtype with at least ``ceil(buf.size / n)`` elements.
+    The 2(n-1) steps (reduce-scatter, then allgather) run as one stream of pieces: a piece is sent on to the right
+    neighbour (by the sender thread) as soon as it has been received and reduced, so a step costs about one link
+    transfer and the reduction hides behind the transfer of the next piece; there is no barrier between steps.
+    A piece is overwritten by the allgather only after every rank, this one included, reduced it, so a queued send
+    never reads bytes that changed. ``scratch`` is a buffer of ``buf``'s dtype with at least
+    ``ceil(buf.size / n)`` elements.
     """
-    if group.size == 1 or buf.size == 0:
+    n, me = group.size, group.index
+    if n == 1 or buf.size == 0:
         return
-    bounds = segment_bounds(buf.size, group.size)
-    ring_reduce_scatter(group, buf, bounds, ufunc, scratch)
-    ring_allgather_segments(group, buf, bounds)
+    bounds = segment_bounds(buf.size, n)
+    right, left = group.peer(1), group.peer(-1)
+    transport, step = group.transport, _chunk_elems(buf, n)
+    pending = []
+    first = (me - 1) % n
+    for lo, hi in _chunks(bounds[first], bounds[first + 1], step):
+        pending.append(transport.isend(right, _view(buf[lo:hi])))
+    last = 2 * (n - 1) - 1
+    for k in range(last + 1):
+        seg = (me - k - 2) % n if k < n - 1 else (me - k + n - 2) % n
+        for lo, hi in _chunks(bounds[seg], bounds[seg + 1], step):
+            if lo == hi:
+                continue
+            target = buf[lo:hi]
+            if k < n - 1:
+                incoming = scratch[:hi - lo]
+                transport.recv_into(left, _view(incoming))
+                ufunc(target, incoming, out=target)
+            else:
+                transport.recv_into(left, _view(target))
+            if k < last:
+                pending.append(transport.isend(right, _view(target)))
+    for future in pending:
+        future.wait()
 
 
 def ring_allgatherv(group: Group, out: np.ndarray, byte_counts: List[int]) -> None:
