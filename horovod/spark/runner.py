@@ -10,11 +10,12 @@ the rank's exception with its traceback (:func:`horovod.runner.api.raise_for_out
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from horovod.common import config
-from horovod.common.exceptions import HorovodError
+from horovod.common.exceptions import HorovodError, HorovodInternalError
 from horovod.runner.backends.base import WorkerLaunch
 from horovod.runner.backends.spark import Agent, AgentInfo, AgentServer, SparkBackend
 from horovod.runner.elastic.driver import ElasticSettings
@@ -28,7 +29,7 @@ from horovod.runner.outcomes import FunctionExchange, raise_for_outcomes
 from horovod.runner.supervisor import JobResult, Supervisor
 from horovod.spark.driver import SparkJob, SparkStartTimeoutError, active_context, start_timeout_seconds
 
-__all__ = ["run", "run_elastic", "plan_slots", "AgentDiscovery", "SparkStartTimeoutError"]
+__all__ = ["run", "run_elastic", "plan_slots", "root_cause_first", "AgentDiscovery", "SparkStartTimeoutError"]
 
 _RUN_TASK = ("python", "-m", "horovod.runner.run_task")
 _ELASTIC_RUN_TASK = ("python", "-m", "horovod.runner.elastic.run_task")
@@ -64,6 +65,19 @@ def _check_controller(use_mpi, use_gloo, extra_mpi_args) -> None:
     if use_mpi or extra_mpi_args:
         raise ValueError("horovod.spark runs ranks with the TCP/shared-memory controller only; use_mpi and "
                          "extra_mpi_args are not available")
+
+
+def root_cause_first(result: JobResult, outcomes: Mapping[int, Any]) -> JobResult:
+    """``result`` with its first failure moved to a rank that raised something of its own, when the first rank to
+    exit only saw a peer fail (a ``HorovodInternalError``): the supervisor hears of exits over the agents'
+    connections, so their order is not the order in which the ranks failed."""
+    first = result.first_failure
+    consequence = lambda o: isinstance(o.error, HorovodInternalError)  # noqa: E731
+    if first is None or first.rank not in outcomes or not consequence(outcomes[first.rank]):
+        return result
+    causes = [e for e in result.exits if e.rank in outcomes and outcomes[e.rank].failed
+              and not consequence(outcomes[e.rank])]
+    return dataclasses.replace(result, first_failure=causes[0]) if causes else result
 
 
 def _supervise(launches: List[WorkerLaunch], backend: SparkBackend, sink: OutputSink, verbose: int) -> JobResult:
@@ -125,7 +139,7 @@ def run(fn, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None, num_pr
         sink = OutputSink(num_proc, stdout, stderr, None, prefix_output_with_timestamp)
         result = _supervise(launches, backend, sink, verbose)
         exchange.collect(job.store)
-    return raise_for_outcomes(result, exchange.outcomes, num_proc)
+    return raise_for_outcomes(root_cause_first(result, exchange.outcomes), exchange.outcomes, num_proc)
 
 
 class AgentDiscovery:
