@@ -13,7 +13,11 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import optax
+
+try:
+    import optax
+except ImportError:  # pragma: no cover - the jax extra installs it; DistributedOptimizer says so when missing
+    optax = None
 
 from horovod.jax import _host
 from horovod.jax import _transforms as _t
@@ -84,7 +88,7 @@ class DistributedState(NamedTuple):
 def DistributedOptimizer(optimizer, compression=Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0, groups=None,
                          average_aggregated_gradients: bool = False, name: Optional[str] = None,
-                         process_set: ProcessSet = global_process_set) -> optax.GradientTransformationExtraArgs:
+                         process_set: ProcessSet = global_process_set) -> "optax.GradientTransformationExtraArgs":
     """Wrap an optax transformation so that its ``update`` sees gradients reduced over ``process_set``.
 
     With ``backward_passes_per_step`` n > 1, gradients are summed locally over n calls of ``update`` (divided by n
@@ -99,7 +103,11 @@ def DistributedOptimizer(optimizer, compression=Compression.none, backward_passe
     Raises:
         ValueError: ``backward_passes_per_step`` < 1, a predivide factor with an op other than Average, Adasum with
             ``average_aggregated_gradients``, or malformed ``groups``.
+        ImportError: optax is not installed (``pip install horovod-py[jax]``).
     """
+    if optax is None:
+        raise ImportError("hvd.DistributedOptimizer wraps an optax transformation: pip install horovod-py[jax] "
+                          "(installs jax and optax)")
     groups = policy.check_optimizer_arguments(op, gradient_predivide_factor, backward_passes_per_step, groups,
                                               average_aggregated_gradients=average_aggregated_gradients, what=_PATHS)
     inner = optax.with_extra_args_support(optimizer)
