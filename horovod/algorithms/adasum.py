@@ -1,8 +1,16 @@
 """Adasum: combine gradients so that the parallel update behaves like a sequential one.
 
-Pairs combine as ``(1 - a·b / 2|a|²) a + (1 - a·b / 2|b|²) b`` (coefficient 1 when a norm is ~0), level by level
-over partners ``rank XOR 2^k`` as in Horovod's recursive halving; the result is the same on every rank. Each tensor of
-a fused buffer is combined on its own. Dot products and norms are taken in float64.
+Two vectors combine as ``(1 - a·b / 2|a|²) a + (1 - a·b / 2|b|²) b`` (coefficient 1 when a squared norm is below
+1e-8), each tensor of a fused buffer on its own, dot products and norms in float64.
+
+Over ranks this runs as vector-halving, distance-doubling (VHDD), with Horovod's pairing: at distance 1, 2, 4, ...
+a rank pairs with ``rank XOR distance``; the rank whose ``distance`` bit is clear keeps the first half of its current
+segment (the smaller one when it is odd) and sends the second, its partner the reverse. Both then combine the half
+they keep: the dot product and norms of each tensor's piece are summed over the ``2 * distance`` ranks that now hold
+pieces of the same vectors (recursive doubling of 3 float64 per tensor, in a fixed pairing, so every one of them gets
+the same bits and the same coefficients), and the kept half becomes ``ca * left + cb * right``. The halves then travel
+back by distance halving. Each rank sends ``(n-1)/n`` of the buffer each way, like a ring, plus ``24`` bytes per tensor
+per norm exchange. The number of ranks must be a power of two, as in Horovod.
 """
 
 from __future__ import annotations
@@ -11,24 +19,30 @@ from typing import List, Sequence
 
 import numpy as np
 
-__all__ = ["combine_pair", "adasum_reduce"]
+from horovod.algorithms.group import Group
 
-_TINY = np.sqrt(np.finfo(np.float64).tiny)
+__all__ = ["NORM_FLOOR", "coefficients", "combine_pair", "adasum_reduce", "vhdd_allreduce"]
+
+NORM_FLOOR = 1e-8   # a squared norm below this keeps its vector's coefficient at 1 (Horovod's rule)
+
+
+def coefficients(dot: float, anormsq: float, bnormsq: float):
+    """The two coefficients of an Adasum pair, from the dot product and the squared norms."""
+    ca = 1.0 - dot / anormsq * 0.5 if anormsq >= NORM_FLOOR else 1.0
+    cb = 1.0 - dot / bnormsq * 0.5 if bnormsq >= NORM_FLOOR else 1.0
+    return ca, cb
 
 
 def combine_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Adasum of two flat vectors (dot products and norms in float64), in ``a``'s dtype."""
     a64 = a.astype(np.float64, copy=False)
     b64 = b.astype(np.float64, copy=False)
-    dot = float(np.dot(a64, b64))
-    na, nb = float(np.dot(a64, a64)), float(np.dot(b64, b64))
-    ca = 1.0 if na < _TINY else 1.0 - dot / (2.0 * na)
-    cb = 1.0 if nb < _TINY else 1.0 - dot / (2.0 * nb)
+    ca, cb = coefficients(float(np.dot(a64, b64)), float(np.dot(a64, a64)), float(np.dot(b64, b64)))
     return (ca * a64 + cb * b64).astype(a.dtype, copy=False)
 
 
 def adasum_reduce(contributions: List[np.ndarray], tensor_bounds: Sequence[int]) -> np.ndarray:
-    """Combine one flat buffer per rank (power-of-two count) tensor by tensor; returns the combined buffer."""
+    """The recursive formula on whole buffers (a reference): pairs ``(2i, 2i+1)`` level by level, tensor by tensor."""
     n = len(contributions)
     if n & (n - 1):
         raise ValueError(f"Adasum needs a power-of-two number of ranks, got {n}")
@@ -42,3 +56,78 @@ def adasum_reduce(contributions: List[np.ndarray], tensor_bounds: Sequence[int])
             merged.append(out)
         level = merged
     return level[0]
+
+
+def _view(array: np.ndarray) -> memoryview:
+    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+
+
+def _exchange(group: Group, partner: int, out: np.ndarray, into: np.ndarray) -> None:
+    """Send ``out`` to the rank at position ``partner`` while receiving ``into`` from it."""
+    pending = group.transport.isend(group.ranks[partner], _view(out)) if out.size else None
+    if into.size:
+        group.transport.recv_into(group.ranks[partner], _view(into))
+    if pending is not None:
+        pending.wait()
+
+
+def _pieces(tensor_bounds: Sequence[int], lo: int, hi: int):
+    """Each tensor's piece of the segment ``[lo, hi)``, as (start, stop), empty pieces included."""
+    return [(min(max(s, lo), hi), min(max(e, lo), hi)) for s, e in zip(tensor_bounds[:-1], tensor_bounds[1:])]
+
+
+def _combine(group: Group, distance: int, mine: np.ndarray, theirs: np.ndarray, pieces, left: bool, lo: int):
+    """Combine the kept segment ``mine`` with the partner's ``theirs`` (same span), tensor by tensor, in place."""
+    sums = np.zeros((len(pieces), 3))
+    a64 = mine.astype(np.float64, copy=False)
+    b64 = theirs.astype(np.float64, copy=False)
+    for i, (s, e) in enumerate(pieces):
+        if e > s:
+            a, b = a64[s - lo:e - lo], b64[s - lo:e - lo]
+            na, nb = float(np.dot(a, a)), float(np.dot(b, b))
+            sums[i] = (float(np.dot(a, b)), na, nb) if left else (float(np.dot(a, b)), nb, na)
+    incoming = np.empty_like(sums)
+    step = 1
+    while step <= distance:    # sum over the 2 * distance ranks holding pieces of these vectors
+        _exchange(group, group.index ^ step, sums, incoming)
+        sums += incoming
+        step <<= 1
+    for i, (s, e) in enumerate(pieces):
+        if e > s:
+            dot, nleft, nright = sums[i]
+            ca, cb = coefficients(dot, nleft, nright) if left else coefficients(dot, nright, nleft)[::-1]
+            a, b = a64[s - lo:e - lo], b64[s - lo:e - lo]
+            mine[s - lo:e - lo] = ca * a + cb * b if left else cb * a + ca * b
+
+
+def vhdd_allreduce(group: Group, buf: np.ndarray, tensor_bounds: Sequence[int], scratch: np.ndarray) -> None:
+    """Adasum of ``buf`` over ``group`` in place by vector halving, distance doubling (Horovod's pairing).
+
+    Args:
+        tensor_bounds: offsets of the tensors packed in ``buf`` (``[0, ..., buf.size]``).
+        scratch: at least ``buf.size // 2 + 1`` elements of ``buf``'s dtype.
+
+    Raises:
+        ValueError: the group's size is not a power of two.
+    """
+    n, me = group.size, group.index
+    if n & (n - 1):
+        raise ValueError(f"Adasum needs a power-of-two number of ranks, got {n}")
+    lo, hi = 0, buf.size
+    spans = []
+    distance = 1
+    while distance < n:
+        half = (hi - lo) >> 1
+        left = not me & distance
+        keep, give = ((lo, lo + half), (lo + half, hi)) if left else ((lo + half, hi), (lo, lo + half))
+        incoming = scratch[:keep[1] - keep[0]]
+        _exchange(group, me ^ distance, buf[give[0]:give[1]], incoming)
+        _combine(group, distance, buf[keep[0]:keep[1]], incoming, _pieces(tensor_bounds, *keep), left, keep[0])
+        spans.append(give)
+        lo, hi = keep
+        distance <<= 1
+    while spans:          # distance halving: the partner sends back the half this rank gave it, now combined
+        distance >>= 1
+        give = spans.pop()
+        _exchange(group, me ^ distance, buf[lo:hi], buf[give[0]:give[1]])
+        lo, hi = min(lo, give[0]), max(hi, give[1])

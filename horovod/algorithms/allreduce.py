@@ -4,7 +4,8 @@ In order of preference: shared memory (every rank of the group on this host, and
 ``HOROVOD_SHM_MIN_BYTES``), hierarchical (``HOROVOD_HIERARCHICAL_ALLREDUCE`` and a group spanning hosts), the
 exchange (up to ``ring.EXCHANGE_MAX_BYTES``: one hop, latency-bound), the ring (bandwidth-bound). Every rank of a
 group chooses alike, since the choice reads only the group, the settings every rank agrees on and the buffer's size.
-Adasum gathers every rank's buffer and combines them tensor by tensor (``adasum.adasum_reduce``).
+Adasum runs by vector halving and distance doubling (``adasum.vhdd_allreduce``), after a sum within each host when
+the allreduce is hierarchical.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def allreduce(group: Group, buf: np.ndarray, reduce_op: int, prescale: float, po
     """
     if reduce_op == ReduceOp.ADASUM:
         if activity:
-            activity("ADASUM_ALLREDUCE")
+            activity("HIERARCHICAL_ADASUM" if group.hierarchy is not None else "ADASUM_ALLREDUCE")
         adasum_allreduce(group, buf, counts, buffers)
         reduction.scale(buf, prescale * postscale)
         return
@@ -70,18 +71,17 @@ def allreduce(group: Group, buf: np.ndarray, reduce_op: int, prescale: float, po
 
 
 def adasum_allreduce(group: Group, buf: np.ndarray, counts: Sequence[int], buffers: Buffers) -> None:
-    """Combine ``buf`` over ``group`` with Adasum, tensor by tensor: every rank gathers every buffer (a ring
-    allgather) and combines the same pairs in the same order, so every rank gets the same bits."""
-    size = group.size
-    if size == 1:
+    """Combine ``buf`` over ``group`` with Adasum, tensor by tensor, by vector halving and distance doubling
+    (:func:`adasum.vhdd_allreduce`); with a hierarchy, ranks of a host sum first (shared memory), the hosts' leaders
+    combine with Adasum, and the result is shared back within each host."""
+    if group.size == 1:
         return
-    gathered = buffers.get("adasum", buf.dtype, buf.size * size)
-    raw = gathered.reshape(-1).view(np.uint8)
-    per = buf.size * buf.itemsize
-    raw[group.index * per:(group.index + 1) * per] = buf.reshape(-1).view(np.uint8)
-    ring.ring_allgatherv(group, raw, [per] * size)
-    contributions = [gathered[i * buf.size:(i + 1) * buf.size] for i in range(size)]
     bounds = [0]
     for count in counts:
         bounds.append(bounds[-1] + count)
-    np.copyto(buf, adasum.adasum_reduce(contributions, bounds))
+    scratch = buffers.get("adasum", buf.dtype, buf.size // 2 + 1)
+    if group.hierarchy is None:
+        adasum.vhdd_allreduce(group, buf, bounds, scratch)
+        return
+    hierarchical.allreduce(group.hierarchy, buf, np.add, buffers.get("scratch", buf.dtype, -(-buf.size // 2) + 1),
+                           cross_op=lambda cross, data: adasum.vhdd_allreduce(cross, data, bounds, scratch))

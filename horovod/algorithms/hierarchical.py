@@ -7,7 +7,7 @@ run at memory speed through shared memory. Enabled by ``HOROVOD_HIERARCHICAL_ALL
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -25,12 +25,20 @@ class Hierarchy:
     cross: Optional[Group]       # the hosts' leaders; None on ranks that are not their host's leader
 
 
-def allreduce(hierarchy: Hierarchy, buf: np.ndarray, ufunc, scratch: np.ndarray) -> None:
-    """Reduce ``buf`` in place over every rank of every host."""
+def allreduce(hierarchy: Hierarchy, buf: np.ndarray, ufunc, scratch: np.ndarray,
+              cross_op: Optional[Callable[[Group, np.ndarray], None]] = None) -> None:
+    """Reduce ``buf`` in place over every rank of every host.
+
+    ``cross_op(cross_group, buf)`` combines the hosts' results among the leaders (default: a ring reduction with
+    ``ufunc``; hierarchical Adasum passes its own).
+    """
     local, cross = hierarchy.local, hierarchy.cross
     _local_allreduce(local, buf, ufunc, scratch)
     if cross is not None:
-        ring.ring_allreduce(cross, buf, ufunc, scratch)
+        if cross_op is None:
+            ring.ring_allreduce(cross, buf, ufunc, scratch)
+        else:
+            cross_op(cross, buf)
     if local.size > 1:
         raw = buf.reshape(-1).view(np.uint8)
         if local.shm is not None:
