@@ -165,8 +165,10 @@ def test_link_down_mid_job_fails_every_survivor_within_timeout(cluster, tmp_path
     a, b = cluster.hosts[0], cluster.hosts[1]
     (tmp_path / "loop.py").write_text(LOOP)
     timeout = 3.0
+    # A lost host is detected by the liveness timeout (issue 19), the gloo timeout bounds silent progress.
     proc = _launch(cluster, ["-np", "4", "-H", f"{a.address}:2,{b.address}:2", "--gloo-timeout-seconds",
-                             str(timeout), sys.executable, "loop.py", str(tmp_path)], tmp_path)
+                             str(timeout), "--liveness-timeout", str(timeout), sys.executable, "loop.py",
+                             str(tmp_path)], tmp_path)
     try:
         _wait_for(lambda: all((tmp_path / f"ready.{r}").exists() for r in range(4)) or proc.poll() is not None,
                   60, "every rank to run allreduces")
@@ -188,3 +190,57 @@ def test_link_down_mid_job_fails_every_survivor_within_timeout(cluster, tmp_path
     # Host B's workers lost everyone; they fail by the same timeout and exit by themselves.
     for host in (a, b):
         _wait_for(lambda: not cluster.worker_pids(host), timeout + 15, f"the processes on {host.address} to end")
+
+
+def _launch_plain(identity_file, home, args, cwd):
+    """horovodrun with no ssh options at all: a fresh HOME (so ~/.horovod/known_hosts starts empty), only -i."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env.update(HOME=str(home), PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-m", "horovod.runner", "-i", identity_file, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            start_new_session=True)
+    out, err = _finish(proc, 120)
+    return proc.returncode, out, err
+
+
+SMALL_JOB = textwrap.dedent("""
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    total = hvd.allreduce(np.ones(2) * hvd.rank(), op=hvd.Sum)
+    print(f"OK rank={hvd.rank()} size={hvd.size()} sum={total[0]:g}")
+    hvd.shutdown()
+""")
+
+
+def test_fresh_hosts_trust_on_first_use_and_a_changed_key_is_refused(tmp_path):
+    """Unknown host keys: the first job records them (no ssh options given); a changed key is refused with a
+    message saying what to do, and doing it lets the next job run."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "job.py").write_text(SMALL_JOB)
+    with NetnsCluster(2) as fresh:
+        a, b = fresh.hosts
+        args = ["-np", "4", "-H", f"{a.address}:2,{b.address}:2", sys.executable, "job.py"]
+        code, out, err = _launch_plain(fresh.identity_file, home, args, tmp_path)
+        assert code == 0, err[-3000:]
+        assert sorted(line.split(":", 1)[1] for line in out.splitlines() if "OK rank=" in line) == \
+            [f"OK rank={r} size=4 sum=6" for r in range(4)], out
+        known = home / ".horovod" / "known_hosts"
+        for host in (a, b):  # recorded (ssh may hash the names: ask ssh-keygen)
+            found = subprocess.run(["ssh-keygen", "-F", host.address, "-f", str(known)], capture_output=True,
+                                   text=True, timeout=20)
+            assert found.returncode == 0, (host.address, known.read_text())
+
+        fresh.replace_host_key(b)
+        code, out, err = _launch_plain(fresh.identity_file, home, args, tmp_path)
+        assert code == 1 and "OK rank=" not in out
+        assert f"{b.address}: ssh failed" in err and "REFUSED" in err, err[-3000:]
+        advice = f"ssh-keygen -R {b.address} -f {known}"
+        assert advice in err, err[-3000:]
+        assert f"{a.address}:" not in err.split("cannot start workers")[1]  # the unchanged host is fine
+
+        subprocess.run(advice.split(), check=True, capture_output=True, timeout=20)
+        code, out, err = _launch_plain(fresh.identity_file, home, args, tmp_path)
+        assert code == 0, err[-3000:]
+        assert len([line for line in out.splitlines() if "OK rank=" in line]) == 4

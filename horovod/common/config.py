@@ -245,8 +245,11 @@ class Config:
                                         "job's rendezvous (an address of rank 0's host)")
     rendezvous_port: int = _s(-1, "under mpirun/srun without horovodrun: port where rank 0 serves the job's "
                               "rendezvous")
-    ssh_args: str = _s("", "extra ssh options for launching on remote hosts, e.g. '-o UserKnownHostsFile=/path'",
-                       side="launcher")
+    ssh_args: str = _s("", "extra ssh options for launching on remote hosts; they win over the launcher's own "
+                       "(e.g. '-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/path')", side="launcher")
+    ssh_known_hosts: Optional[str] = _s(None, "known-hosts file where ssh records the key of a host met for the first "
+                                        "time (trust on first use; default ~/.horovod/known_hosts, next to "
+                                        "~/.ssh/known_hosts, which is read too)", side="launcher")
 
     _explicit: FrozenSet[str] = dataclasses.field(default=frozenset(), repr=False, compare=False)
 

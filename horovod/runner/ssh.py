@@ -6,6 +6,11 @@ open for the job: when the launcher stops the worker, or dies, the channel close
 worker's process group (see :mod:`horovod.runner.ssh_boot`). ssh runs with ``BatchMode=yes``: it never prompts, and
 a host it cannot log into fails the check with ssh's own message.
 
+Host keys: Horovod turns host-key checking off. Here a host met for the first time is trusted and its key recorded
+(``StrictHostKeyChecking=accept-new``) in a known-hosts file the next jobs reuse (``HOROVOD_SSH_KNOWN_HOSTS``,
+default ``~/.horovod/known_hosts``; the user's ``~/.ssh/known_hosts`` is read too); a key that changed since is
+refused, and the check's message says which file holds the old key and how to remove it.
+
 Options from ``HOROVOD_SSH_ARGS`` come first on ssh's command line, so they win over the launcher's defaults
 (ssh takes the first value it sees of each option).
 """
@@ -17,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -35,6 +41,7 @@ HOST_SPECIFIC_VARS = frozenset({
     "XDG_SESSION_ID", "XDG_SESSION_TYPE", "XDG_SESSION_CLASS", "MOTD_SHOWN",
 })
 _STDERR_TAIL = 600
+_OFFENDING = re.compile(r"Offending \S+ key in (\S+?):\d+")
 
 
 class HostCheckError(HorovodError):
@@ -55,12 +62,35 @@ class SshConfig:
     extra_args: Tuple[str, ...] = ()
     python: str = sys.executable
     timeout: float = 30.0
+    known_hosts: Optional[str] = None
 
     @staticmethod
     def from_values(port: Optional[int], identity_file: Optional[str], extra_args: str, timeout: float,
-                    python: Optional[str] = None) -> "SshConfig":
+                    python: Optional[str] = None, known_hosts: Optional[str] = None) -> "SshConfig":
         """Build from ``horovodrun`` values (``HOROVOD_SSH_ARGS`` is a shell-quoted string)."""
-        return SshConfig(port, identity_file, tuple(shlex.split(extra_args or "")), python or sys.executable, timeout)
+        return SshConfig(port, identity_file, tuple(shlex.split(extra_args or "")), python or sys.executable, timeout,
+                         known_hosts)
+
+
+def default_known_hosts() -> str:
+    """``~/.horovod/known_hosts``: where the keys of hosts met for the first time are recorded."""
+    return os.path.join(os.path.expanduser("~"), ".horovod", "known_hosts")
+
+
+def host_key_options(known_hosts: Optional[str]) -> List[str]:
+    """Trust on first use: record new host keys in ``known_hosts`` (also reading ``~/.ssh/known_hosts``), refuse
+    changed ones. None: ssh's own defaults."""
+    if not known_hosts:
+        return []
+    files = [known_hosts, os.path.join(os.path.expanduser("~"), ".ssh", "known_hosts")]
+    return ["-o", "StrictHostKeyChecking=accept-new",
+            "-o", "UserKnownHostsFile=" + " ".join('"' + f.replace('"', "") + '"' for f in files)]
+
+
+def prepare_known_hosts(ssh: "SshConfig") -> None:
+    """Create the directory of ``ssh.known_hosts`` (private to the user) so ssh can record keys there."""
+    if ssh.known_hosts:
+        os.makedirs(os.path.dirname(os.path.abspath(ssh.known_hosts)), mode=0o700, exist_ok=True)
 
 
 def ssh_config(values: Mapping[str, Any]) -> SshConfig:
@@ -73,12 +103,12 @@ def ssh_config(values: Mapping[str, Any]) -> SshConfig:
     timeout = values.get("start_timeout")
     return SshConfig.from_values(values.get("ssh_port"), values.get("ssh_identity_file"), settings.ssh_args,
                                  float(timeout if timeout is not None else settings.start_timeout),
-                                 values.get("python"))
+                                 values.get("python"), settings.ssh_known_hosts or default_known_hosts())
 
 
 def ssh_argv(ssh: SshConfig, host: str, remote_command: str) -> List[str]:
     """The ssh command line that runs ``remote_command`` (a shell string) on ``host``."""
-    argv = ["ssh", *ssh.extra_args, "-T", "-o", "BatchMode=yes",
+    argv = ["ssh", *ssh.extra_args, *host_key_options(ssh.known_hosts), "-T", "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={max(1, math.ceil(ssh.timeout))}",
             "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
     if ssh.port:
@@ -109,17 +139,26 @@ def _tail(text: str) -> str:
     return text[-_STDERR_TAIL:] if text else "(no message)"
 
 
+def _host_key_hint(host: str, stderr: str) -> str:
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr or "Host key for" in stderr and "has changed" in stderr:
+        offending = _OFFENDING.search(stderr)
+        where = offending.group(1) if offending else "your known-hosts file"
+        return (f" -- REFUSED: {host}'s host key changed since it was recorded in {where}. If the host was "
+                f"reinstalled or its key replaced, remove the old key with: ssh-keygen -R {host} -f {where} and run "
+                f"again (the new key is then recorded); otherwise someone may be intercepting the connection")
+    if "Host key verification failed" in stderr:
+        return (f" (ssh does not trust {host}'s key: add it to a known-hosts file with ssh-keyscan, or let horovodrun "
+                f"record it on first use by not setting StrictHostKeyChecking=yes in HOROVOD_SSH_ARGS)")
+    return ""
+
+
 def explain_check(host: str, returncode: Optional[int], stdout: str, stderr: str, probes: Sequence[str],
                   timeout: float) -> Optional[str]:
     """Why ``host`` failed its check, or None if it passed. A pure function of the check's outcome."""
     if returncode is None:
         return f"no answer over ssh within {timeout:g} s (--start-timeout); last message: {_tail(stderr)}"
     if returncode == 255:
-        hint = ""
-        if "Host key verification failed" in stderr:
-            hint = (" (the host's key is not in known_hosts: add it with ssh-keyscan, or set "
-                    "HOROVOD_SSH_ARGS='-o StrictHostKeyChecking=accept-new')")
-        return f"ssh failed: {_tail(stderr)}{hint}"
+        return f"ssh failed: {_tail(stderr)}{_host_key_hint(host, stderr)}"
     if returncode != 0:
         return f"ssh worked but the remote Python could not run horovod (exit {returncode}): {_tail(stderr)}"
     try:
@@ -159,6 +198,7 @@ def check_hosts(ssh: SshConfig, probes_by_host: Mapping[str, Sequence[str]], env
         HostCheckError: naming every host that failed and why.
     """
     started = time.monotonic()
+    prepare_known_hosts(ssh)
     if log is not None:
         log("Checking ssh on all remote hosts.")
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, max(1, len(probes_by_host)))) as pool:
@@ -172,4 +212,5 @@ def check_hosts(ssh: SshConfig, probes_by_host: Mapping[str, Sequence[str]], env
 
 
 __all__ = ["SshConfig", "HostCheckError", "ssh_config", "ssh_argv", "boot_command", "remote_env", "check_hosts",
-           "explain_check", "package_root", "HOST_SPECIFIC_VARS"]
+           "explain_check", "package_root", "HOST_SPECIFIC_VARS", "default_known_hosts", "host_key_options",
+           "prepare_known_hosts"]
