@@ -148,11 +148,25 @@ class NetnsCluster:
         self.ssh_args = (f"-F /dev/null -o UserKnownHostsFile={known_hosts} -o GlobalKnownHostsFile=/dev/null "
                          f"-o StrictHostKeyChecking=yes -o LogLevel=ERROR")
 
-    def _start_sshd(self, index: int, host: TestHost) -> None:
+    def replace_host_key(self, host: TestHost) -> None:
+        """Give ``host`` a new host key: its sshd restarts with it (a reinstalled host, or an impostor)."""
+        index = self.hosts.index(host)
+        key = os.path.join(self.dir, f"host_key.{index}")
+        for path in (key, key + ".pub"):
+            if os.path.exists(path):
+                os.unlink(path)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"horovod-test-host-{index}", "-f", key)
+        if host.sshd is not None:
+            os.killpg(host.sshd.pid, signal.SIGKILL)
+            host.sshd.wait(timeout=10)
+        self._start_sshd(index, host, key)
+        self._await_sshd(host)
+
+    def _start_sshd(self, index: int, host: TestHost, host_key: Optional[str] = None) -> None:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         config = os.path.join(self.dir, f"sshd_config.{index}")
         with open(config, "w", encoding="ascii") as handle:
-            handle.write(f"ListenAddress {host.address}\nPort 22\nHostKey {self.dir}/host_key\n"
+            handle.write(f"ListenAddress {host.address}\nPort 22\nHostKey {host_key or self.dir + '/host_key'}\n"
                          f"PidFile none\nAuthorizedKeysFile {self.dir}/authorized_keys\n"
                          "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
                          "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nUseDNS no\n"
@@ -203,8 +217,9 @@ class NetnsCluster:
         _run("ip", "link", "set", host.root_veth, "up" if up else "down")
 
     def env(self) -> Dict[str, str]:
-        """Variables a launcher needs to reach these hosts (``HOROVOD_SSH_ARGS``)."""
-        return {"HOROVOD_SSH_ARGS": self.ssh_args}
+        """Variables a launcher needs to reach these hosts (``HOROVOD_SSH_ARGS``; a known-hosts file of the session
+        so that nothing is recorded in the user's)."""
+        return {"HOROVOD_SSH_ARGS": self.ssh_args, "HOROVOD_SSH_KNOWN_HOSTS": os.path.join(self.dir, "tofu_hosts")}
 
     # -- tear-down ------------------------------------------------------------------------------------------------
 
