@@ -1,7 +1,7 @@
 """Ray clusters for the Ray tests (imported by them): one per test module, as Ray takes seconds to start on two cores.
 
-Worker actors import the test modules' functions by name, so the clusters' processes get this directory and the
-repository on ``PYTHONPATH``. The object store is kept small: the tests move kilobytes through Ray, their tensors go
+Worker actors import the test modules' functions by name, so the clusters' processes get this directory, the
+repository and its examples on ``PYTHONPATH``. The object store is kept small: the tests move kilobytes through Ray, their tensors go
 through Horovod.
 """
 
@@ -14,13 +14,14 @@ ray = pytest.importorskip("ray")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+EXAMPLES = os.path.join(ROOT, "examples")
 STORE_BYTES = 80 * 1024 * 1024
 
 
 @contextlib.contextmanager
 def _actor_pythonpath():
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, ROOT, old) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, ROOT, EXAMPLES, old) if p)
     try:
         yield
     finally:

@@ -1,17 +1,25 @@
-"""RayExecutor on a real one-node Ray cluster: 1, 2 and 3 workers, every call, failures, clean shutdown (tier ranks)."""
+"""Horovod on a real one-node Ray cluster, one for the module (tier ranks).
 
+RayExecutor with 1, 2 and 3 workers: every call, failures, clean shutdown; HorovodTrainer.fit() on 2 workers returns
+a Result with reported metrics and a checkpoint; examples/ray_digits.py reaches 95 % test accuracy.
+"""
+
+import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 import pytest
 
-from ray_clusters import local_ray
+from ray_clusters import EXAMPLES, local_ray
 
 ray = pytest.importorskip("ray")
-from horovod.ray import RayExecutor  # noqa: E402
+ray_train = pytest.importorskip("ray.train")
+from horovod.ray import HorovodConfig, HorovodTrainer, RayExecutor  # noqa: E402
 
 pytestmark = pytest.mark.ranks
 
@@ -136,7 +144,7 @@ def test_worker_exception_reaches_caller_with_traceback(three):
     with pytest.raises(ValueError, match="bad batch on rank one") as info:
         three.run(raise_on_one)
     text = str(info.value)
-    assert "raise_on_one" in text and "test_static.py" in text       # the remote traceback
+    assert "raise_on_one" in text and "test_single_node.py" in text       # the remote traceback
     assert any("rank 1 of 3" in note for note in info.value.__notes__)
     assert three.run(lambda: "still usable") == ["still usable"] * 3  # nobody was left blocked
 
@@ -196,6 +204,52 @@ def test_arguments_are_checked():
         RayExecutor(_settings(), num_workers=1, gpus_per_worker=1)
     with pytest.raises(ValueError, match="elastic or static"):
         RayExecutor(_settings(), num_workers=2, min_workers=1)
+
+
+def train_loop(config):
+    import horovod.numpy as hvd
+    import ray.train
+    hvd.init()
+    context = ray.train.get_context()
+    assert hvd.rank() == context.get_world_rank() and hvd.size() == context.get_world_size() == 2
+    assert hvd.local_rank() == context.get_local_rank()
+    weights = np.zeros(3)
+    for epoch in range(config["epochs"]):
+        grad = hvd.allreduce(np.full(3, float(hvd.rank() + 1)))       # average of 1 and 2
+        weights = weights - config["lr"] * grad
+        checkpoint = None
+        with tempfile.TemporaryDirectory() as folder:
+            if hvd.rank() == 0:
+                with open(os.path.join(folder, "weights.json"), "w") as handle:
+                    json.dump(weights.tolist(), handle)
+                checkpoint = ray.train.Checkpoint.from_directory(folder)
+            ray.train.report({"epoch": epoch, "loss": float(np.abs(weights).sum()), "size": hvd.size(),
+                              "rank": hvd.rank()}, checkpoint=checkpoint)
+
+
+def test_fit_on_two_workers_returns_metrics_and_checkpoint(tmp_path):
+    trainer = HorovodTrainer(train_loop, train_loop_config={"epochs": 3, "lr": 0.1},
+                             horovod_config=HorovodConfig(timeout_s=60),
+                             scaling_config=ray_train.ScalingConfig(num_workers=2),
+                             run_config=ray_train.RunConfig(name="hvd", storage_path=str(tmp_path)))
+    result = trainer.fit()
+    assert result.error is None
+    assert result.metrics["epoch"] == 2 and result.metrics["size"] == 2 and result.metrics["rank"] == 0
+    assert result.metrics["loss"] == pytest.approx(3 * 3 * 0.1 * 1.5)
+    assert result.checkpoint is not None
+    with result.checkpoint.as_directory() as folder:
+        with open(os.path.join(folder, "weights.json")) as handle:
+            assert handle.read() and json.loads(open(os.path.join(folder, "weights.json")).read()) == \
+                pytest.approx([-0.45] * 3)
+
+
+def test_ray_digits_example_reaches_95_percent(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(EXAMPLES)
+    import ray_digits
+    accuracy = ray_digits.main(ray_digits.parse_args(["--num-workers", "2"]))
+    assert accuracy >= 0.95
+    assert re.search(r"ray_digits: 2 Ray workers, test accuracy [\d.]+% \(every worker agrees: True\)",
+                     capsys.readouterr().out)
 
 
 @pytest.mark.unit
