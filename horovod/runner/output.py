@@ -15,6 +15,9 @@ class OutputSink:
     """Writes workers' output lines, prefixed ``[rank]<stdout>:``, whole lines under one lock so none interleave.
 
     With ``output_dir``, each rank's raw lines also go to ``output_dir/rank.N/stdout`` and ``stderr``.
+
+    Output that cannot be written (``horovodrun ... | head``, a closed terminal) is dropped from then on, with one
+    warning: the job goes on, and the workers' pipes keep being drained.
     """
 
     def __init__(self, size: int, stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
@@ -24,6 +27,7 @@ class OutputSink:
         self._timestamp = timestamp
         self._lock = threading.Lock()
         self._files: Dict[Tuple[int, str], IO[str]] = {}
+        self._broken: Dict[str, bool] = {}
         if output_dir:
             width = len(str(max(size - 1, 0)))
             for rank in range(size):
@@ -39,12 +43,41 @@ class OutputSink:
             prefix = f"{datetime.datetime.now().strftime('%a %b %d %H:%M:%S %Y')}[{rank}]<{stream}>:"
         target = (self._stdout or sys.stdout) if stream == "stdout" else (self._stderr or sys.stderr)
         with self._lock:
-            target.write(f"{prefix}{line}\n")
-            target.flush()
+            if not self._broken.get(stream):
+                try:
+                    target.write(f"{prefix}{line}\n")
+                    target.flush()
+                except (OSError, ValueError, AttributeError) as exc:    # (no stream at all: None)
+                    self._give_up(stream, target, exc)
             handle = self._files.get((rank, stream))
             if handle is not None:
                 handle.write(line + "\n")
                 handle.flush()
+
+    def _give_up(self, stream: str, target: TextIO, exc: BaseException) -> None:
+        """``stream`` cannot be written (its reader is gone): drop its output from now on, and say so once."""
+        self._broken[stream] = True
+        try:
+            # Later writes and the interpreter's flush at exit go nowhere instead of failing again.
+            if target is None:
+                raise ValueError("no stream")
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, target.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+        if stream == "stdout" and not self._broken.get("stderr"):
+            try:
+                other = self._stderr or sys.stderr
+                if other is None:
+                    raise ValueError("no stream")
+                other.write(f"horovodrun: workers' standard output can no longer be written ({exc}); it is dropped "
+                            f"from now on, the job goes on\n")
+                other.flush()
+            except (OSError, ValueError):
+                self._broken["stderr"] = True
 
     def close(self) -> None:
         """Close the per-rank output files."""

@@ -4,6 +4,11 @@ Every process the runner starts (a worker, an ssh client, ``mpirun``, the worker
 own session, so its process group id is its pid: stopping it signals the group (the process and anything it started),
 never a process found by name. This is the runner's only ``killpg`` and its only signal-handler installer.
 
+A process started from the main thread on Linux also dies with its starter (``PR_SET_PDEATHSIG``, SIGKILL): a
+``horovodrun`` killed with SIGKILL takes its local workers and its ssh clients with it (each ssh client's end closes
+the remote worker's channel, and the remote bootstrap stops the worker). Only from the main thread, because the
+kernel sends the signal when the *thread* that started the process ends.
+
 Standard library only: the remote bootstrap (:mod:`horovod.runner.ssh_boot`) uses it before any job environment is
 set.
 """
@@ -11,8 +16,11 @@ set.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
+import sys
 import subprocess
 import threading
 from typing import IO, Callable, Iterator, Mapping, Optional, Sequence
@@ -20,6 +28,32 @@ from typing import IO, Callable, Iterator, Mapping, Optional, Sequence
 __all__ = ["signal_group", "start_session", "forward_signals", "ProcessHandle", "DEFAULT_SIGNALS"]
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()     # loaded before any fork: the child only calls it
+
+
+def _dies_with(parent: int) -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` that makes the child die with this process (None where that cannot be arranged)."""
+    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def arrange() -> None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:      # the starter died before the request took effect
+            os._exit(137)
+
+    return arrange
 
 
 def signal_group(pid: int, sig: int) -> None:
@@ -45,6 +79,8 @@ def start_session(argv: Sequence[str], env: Mapping[str, str], *, stdin=subproce
         OSError: the command cannot be started.
     """
     streams = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE) if pipes else {}
+    if "preexec_fn" not in kwargs:
+        kwargs["preexec_fn"] = _dies_with(os.getpid())
     return popen(list(argv), env=dict(env), stdin=stdin, start_new_session=True, **streams, **kwargs)
 
 

@@ -100,6 +100,14 @@ class _Stopping:
     kill_at: Optional[float] = None
 
 
+def _to_stderr(text: str) -> None:
+    """A launcher message on standard error; one that cannot be written (stderr closed) is dropped."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 class Supervisor:
     """Holds a job's worker handles by key (the rank, or an elastic slot key), relays their output and their exits.
 
@@ -115,7 +123,7 @@ class Supervisor:
                  log: Optional[Callable[[str], None]] = None):
         self.sink = sink
         self.grace_seconds = grace_seconds
-        self._log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+        self._log = log or _to_stderr
         self.handles: Dict[Hashable, WorkerHandle] = {}
         self.hostnames: Dict[Hashable, str] = {}
         self._events: "queue.Queue[Tuple[Hashable, int, int]]" = queue.Queue()

@@ -107,8 +107,8 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
 def shutdown() -> None:
     """Stop the engine (every rank stops at the same cycle) and drop the context; a no-op when not initialized."""
     ctx = _ctx.clear()
-    if ctx is None:
-        return
+    if ctx is None or ctx.foreign():
+        return      # (a forked child: the engine, its thread and connections are the parent's)
     ctx.engine.shutdown()
     if ctx.timeline is not None:
         ctx.timeline.close()

@@ -8,14 +8,19 @@ other. ``init`` installs a context and ``shutdown`` clears it; ``shutdown()`` th
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import Optional
 
 from horovod.common.exceptions import HorovodInternalError
+from horovod.transport.mesh import forked
 
-__all__ = ["Context", "NOT_INITIALIZED", "current", "get", "install", "clear", "engine", "lock"]
+__all__ = ["Context", "NOT_INITIALIZED", "FORKED_MESSAGE", "current", "get", "install", "clear", "engine", "lock"]
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+FORKED_MESSAGE = ("this process was forked after hvd.init() (a data-loader worker?): its connections are its "
+                  "parent's, so it cannot run collectives; run them in the process that called hvd.init(), or call "
+                  "hvd.init() in a process started with the 'spawn' method")
 
 lock = threading.RLock()
 
@@ -29,6 +34,11 @@ class Context:
     engine: object
     dynamic_sets: bool
     timeline: object = None
+    pid: int = dataclasses.field(default_factory=os.getpid)     # the process that called init
+
+    def foreign(self) -> bool:
+        """Whether this process is a child forked after ``init`` (the context, and its connections, are not its)."""
+        return forked() and self.pid != os.getpid()
 
     @property
     def rank(self) -> int:
@@ -79,9 +89,12 @@ def engine():
 
     Raises:
         ValueError: Horovod is not initialized.
-        HorovodInternalError: the engine has failed (a peer was lost, a collective timed out).
+        HorovodInternalError: the engine has failed (a peer was lost, a collective timed out), or this process
+            was forked after ``init``.
     """
     ctx = current()
+    if ctx.foreign():
+        raise HorovodInternalError(FORKED_MESSAGE)
     if ctx.engine.error is not None:
         raise HorovodInternalError(ctx.engine.error)
     return ctx.engine

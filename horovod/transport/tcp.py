@@ -20,6 +20,7 @@ How the mesh is made (listening, dialling, authenticating, refusing strangers) i
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import queue
 import select
@@ -33,6 +34,8 @@ from horovod.transport import wire
 from horovod.transport.mesh import FORKED, MeshSetup, forked, watch_liveness
 
 __all__ = ["SendFuture", "TcpTransport", "forked", "watch_liveness"]
+
+log = logging.getLogger("horovod")
 
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _INLINE_SEND_BYTES = 64 * 1024
@@ -120,6 +123,7 @@ class TcpTransport(MeshSetup):
         self._senders: Dict[int, _Sender] = {}
         self._broken: Optional[str] = None
         self._pid = os.getpid()
+        self._silence_reported: set = set()
         self._accepting_ended = False
         self._listener: Optional[socket.socket] = None
         self._unix_listener: Optional[socket.socket] = None
@@ -185,6 +189,15 @@ class TcpTransport(MeshSetup):
         """``peer`` made no progress in a collective for longer than the timeout (its connection is alive)."""
         return self._fail(peer, socket.timeout())
 
+    def _silent_peer(self, peer: int) -> None:
+        """``peer`` owes a control message for longer than the timeout while its connection is alive: busy (a long
+        call that holds its GIL) or stuck, not lost. Said once; the wait goes on."""
+        if peer not in self._silence_reported:
+            self._silence_reported.add(peer)
+            log.warning("rank %d: %s has not answered for %g s though its connection is alive: busy (a long call "
+                        "that holds Python's GIL?) or stuck; still waiting", self.rank, self._where(peer),
+                        self.timeout)
+
     def _sock(self, peer: int) -> socket.socket:
         if self._broken is not None:
             raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
@@ -244,10 +257,10 @@ class TcpTransport(MeshSetup):
             raise self._fail(peer, exc) from None
 
     def recv_obj(self, peer: int):
-        """Receive one control message."""
+        """Receive one control message (negotiation: a live peer may take its time, see :meth:`_silent_peer`)."""
         sock = self._sock(peer)
         try:
-            return wire.decode(wire.recv_frame(sock))
+            return wire.decode(wire.recv_frame(sock, lambda: self._silent_peer(peer)))
         except (OSError, ConnectionError) as exc:
             raise self._fail(peer, exc) from None
 

@@ -21,7 +21,7 @@ import pickle
 import socket
 import struct
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from horovod.common.exceptions import HorovodInternalError
 
@@ -95,16 +95,40 @@ def send_frame(sock: socket.socket, payload: bytes) -> None:
         sock.sendall(payload)
 
 
-def recv_frame(sock: socket.socket) -> bytes:
-    """Receive one length-prefixed frame (size-capped)."""
+def recv_frame(sock: socket.socket, on_silence: Optional[Callable[[], None]] = None) -> bytes:
+    """Receive one length-prefixed frame (size-capped).
+
+    With ``on_silence``, the socket's timeout passing before the first byte of the frame is not an error: it is
+    called, and the wait goes on (a live peer may be busy; a lost one is the connection's liveness to report).
+    """
     header = bytearray(_LEN.size)
-    recv_exact(sock, memoryview(header))
+    if on_silence is None:
+        recv_exact(sock, memoryview(header))
+    else:
+        _recv_header_patiently(sock, memoryview(header), on_silence)
     (length,) = _LEN.unpack(header)
     if length > MAX_CONTROL_BYTES:
         raise HorovodInternalError(f"control frame of {length} bytes exceeds the {MAX_CONTROL_BYTES} limit")
     payload = bytearray(length)
     recv_exact(sock, memoryview(payload))
     return bytes(payload)
+
+
+def _recv_header_patiently(sock: socket.socket, view: memoryview, on_silence: Callable[[], None]) -> None:
+    got = 0
+    while got < len(view):
+        try:
+            n = sock.recv_into(view[got:], len(view) - got)
+        except socket.timeout as exc:
+            # Python's own timeout (errno None), before any byte: the peer is silent, not lost. A kernel ETIMEDOUT
+            # (the liveness probes ran out) is a TimeoutError too, with its errno: that one is a lost peer.
+            if got or exc.errno is not None:
+                raise
+            on_silence()
+            continue
+        if n == 0:
+            raise ConnectionError("connection closed by peer")
+        got += n
 
 
 def _recv_by(sock: socket.socket, size: int, deadline: Optional[float]) -> bytes:

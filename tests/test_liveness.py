@@ -1,0 +1,211 @@
+"""Liveness separate from progress (issue 19), on one machine: tiers unit and ranks.
+
+* the kernel watches every TCP connection (keepalive, ``TCP_USER_TIMEOUT`` = ``HOROVOD_LIVENESS_TIMEOUT``);
+* a rank inside one long call that holds the GIL (its engine thread cannot run) is not taken for dead, under peer
+  and star negotiation, even with a collective timeout far shorter than the call;
+* a process forked after ``init`` cannot run collectives (a clear error) and never cuts its parent off;
+* a stranger that connects to a rank's listener while the mesh forms and sends nothing, or trickles bytes, does not
+  keep the job from starting.
+
+The multi-host cases (a cut link, a sleeping rank, a killed launcher) are in ``test_liveness_hosts.py``.
+"""
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from horovod.testing import spawn_ranks
+from horovod.transport.mesh import watch_liveness
+
+
+@pytest.mark.unit
+def test_liveness_probes_are_set_on_tcp_connections():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    try:
+        watch_liveness(client, 10.0)
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 10000
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 1
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 1
+        watch_liveness(client, 0.0)     # 0: left as it is
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 10000
+    finally:
+        client.close()
+        server.close()
+
+
+def _hold_gil(seconds: float) -> dict:
+    """Run one C-level loop (``sum(range(n))``) for about ``seconds`` and measure whether other threads ran."""
+    n = 2_000_000
+    start = time.perf_counter()
+    sum(range(n))
+    per_item = (time.perf_counter() - start) / n
+    ticks = [0]
+    stop = [False]
+
+    def ticker():
+        while not stop[0]:
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=ticker, daemon=True)
+    thread.start()
+    time.sleep(0.05)
+    before = ticks[0]
+    start = time.perf_counter()
+    sum(range(int(seconds / per_item)))     # one call: the interpreter never switches threads inside it
+    held = time.perf_counter() - start
+    during = ticks[0] - before
+    stop[0] = True
+    thread.join()
+    return {"held": held, "ticks": during}
+
+
+def _busy_in_one_gil_call(seconds):
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    hvd.allreduce(np.ones(4), name="warmup")
+    measured = None
+    if hvd.rank() == 1:
+        measured = _hold_gil(seconds)
+    value = hvd.allreduce(np.ones(3), op=hvd.Sum, name="after").tolist()
+    big = hvd.allreduce(np.ones(1 << 17), op=hvd.Sum, name="big")
+    hvd.shutdown()
+    return value, float(big[0]), measured
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("negotiation", ["peer", "star"])
+def test_a_rank_inside_one_long_gil_holding_call_is_not_declared_lost(negotiation):
+    # The collective timeout is 2 s; rank 1 holds the GIL for 6 s in one call while rank 0 waits in an allreduce.
+    # Before liveness was the kernel's, peer negotiation declared rank 1 "hung or unreachable" after 2 s.
+    results = spawn_ranks(_busy_in_one_gil_call, 2, timeout=120, args=(6.0,),
+                          env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "2", "HOROVOD_NEGOTIATION": negotiation})
+    (v0, b0, _), (v1, b1, measured) = results
+    assert v0 == v1 == [2.0, 2.0, 2.0]
+    assert b0 == b1 == 2.0
+    assert measured["held"] >= 4.0, measured
+    # A free 1 ms ticker would tick thousands of times in that time; a few ticks at the edges are scheduling.
+    assert measured["ticks"] <= 20, f"other threads ran during the call, so it did not hold the GIL: {measured}"
+
+
+def _forked_child_collective(marker):
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.common.exceptions import HorovodInternalError
+    hvd.init()
+    hvd.allreduce(np.ones(2), name="before")
+    child_said = None
+    if hvd.rank() == 1:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:    # a data-loader worker that (wrongly) calls a collective, then exits normally
+            os.close(read)
+            try:
+                hvd.allreduce(np.ones(2), name="from-child")
+                said = "NO ERROR"
+            except HorovodInternalError as exc:
+                said = str(exc)
+            os.write(write, said.encode()[:4000])
+            os.close(write)
+            hvd.shutdown()              # and its exit must not cut the parent off either
+            os._exit(0)
+        os.close(write)
+        chunks = []
+        while True:
+            chunk = os.read(read, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(read)
+        os.waitpid(pid, 0)
+        child_said = b"".join(chunks).decode()
+    results = [hvd.allreduce(np.full(3, float(i)), op=hvd.Sum, name=f"after.{i}").tolist() for i in range(5)]
+    hvd.shutdown()
+    return child_said, results
+
+
+@pytest.mark.ranks
+def test_a_child_forked_after_init_cannot_run_collectives_and_leaves_the_parent_alone(tmp_path):
+    (said0, results0), (said1, results1) = spawn_ranks(_forked_child_collective, 2, timeout=60,
+                                                      args=(str(tmp_path),))
+    assert said0 is None
+    assert "forked after hvd.init()" in said1, said1
+    expected = [[2.0 * i] * 3 for i in range(5)]
+    assert results0 == results1 == expected
+
+
+def _starts_despite_a_stranger(port_file):
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.transport import tcp
+    listen = tcp.TcpTransport.listen
+
+    def listen_and_publish(self, bind_host="0.0.0.0"):
+        port = listen(self, bind_host)
+        if self.rank == 0:
+            with open(port_file + ".tmp", "w") as handle:
+                handle.write(f"{bind_host} {port} {self.unix_name}")
+            os.rename(port_file + ".tmp", port_file)
+            deadline = time.monotonic() + 20
+            while not os.path.exists(port_file + ".connected") and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return port
+
+    tcp.TcpTransport.listen = listen_and_publish
+    started = time.monotonic()
+    hvd.init()
+    took = time.monotonic() - started
+    value = hvd.allreduce(np.ones(2), op=hvd.Sum).tolist()
+    hvd.shutdown()
+    return took, value
+
+
+@pytest.mark.ranks
+def test_strangers_on_the_listener_do_not_keep_the_job_from_starting(tmp_path):
+    # Rank 0's listener gets a stranger that sends nothing and one that trickles a byte a second, before rank 1
+    # dials. Before the fix the handshake took one connection at a time with a 10 s per-receive timeout: the
+    # silent stranger alone held rank 1's handshake back for 10 s, a trickling one for ever (up to the start
+    # timeout).
+    port_file = str(tmp_path / "port")
+    strangers = []
+    stop = threading.Event()
+
+    def trickle(sock):
+        while not stop.is_set():
+            try:
+                sock.send(b"H")
+            except OSError:
+                return
+            stop.wait(1.0)
+
+    def strangers_arrive():
+        deadline = time.monotonic() + 30
+        while not os.path.exists(port_file) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        host, port, _ = open(port_file).read().split(" ")
+        for _ in range(2):
+            strangers.append(socket.create_connection((host, int(port)), timeout=5))
+        threading.Thread(target=trickle, args=(strangers[1],), daemon=True).start()
+        open(port_file + ".connected", "w").close()
+
+    helper = threading.Thread(target=strangers_arrive, daemon=True)
+    helper.start()
+    try:
+        results = spawn_ranks(_starts_despite_a_stranger, 2, timeout=90, args=(port_file,),
+                              env={"HOROVOD_START_TIMEOUT": "60"})
+    finally:
+        stop.set()
+        helper.join(5)
+        for sock in strangers:
+            sock.close()
+    for took, value in results:
+        assert value == [2.0, 2.0]
+        assert took < 8.0, f"init took {took:.1f} s with strangers on the listener"
