@@ -6,6 +6,7 @@ The address we publish is the one this host uses to reach the rendezvous server 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -14,6 +15,8 @@ from typing import Dict, Tuple
 from horovod.common.exceptions import HorovodInternalError, RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient
 from horovod.transport.tcp import TcpTransport
+
+_log = logging.getLogger("horovod")
 
 __all__ = ["rendezvous_client", "connect"]
 
@@ -88,6 +91,8 @@ def connect(config, topo, scope: str) -> TcpTransport:
     except RendezvousError as exc:
         transport.close()
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
+    _log.debug("rank %d: mesh %s listens on %s:%d; dialing %d lower ranks (%d over shared memory)", rank, scope,
+               host, port, len(addresses), len(unix_names))
     transport.connect(addresses, deadline, unix_names)
     try:
         # Every peer published before the mesh could form, so these reads do not wait.

@@ -10,6 +10,7 @@ are widened to float32 on the way in and narrowed on the way out. A rank that ha
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -18,6 +19,8 @@ import numpy as np
 from horovod.algorithms import reduction
 from horovod.algorithms.buffers import Buffers
 from horovod.common.types import OpType, Response, nbytes, numpy_dtype
+
+_log = logging.getLogger("horovod")
 
 __all__ = ["plan_batches", "merge", "counts", "outputs", "pack", "unpack"]
 
@@ -60,6 +63,9 @@ def plan_batches(responses: Sequence[Response], groups: Sequence[int], threshold
             group_batch[group, key] = len(batches) - 1
         elif threshold > 0:
             open_batch[key] = (len(batches) - 1, size)
+    if len(batches) < len(responses) and _log.isEnabledFor(logging.DEBUG):
+        _log.debug("fusion plan: %d tensors in %d batches of %s tensors (threshold %d bytes)", len(responses),
+                   len(batches), [len(b) for b in batches], threshold)
     return batches
 
 

@@ -206,6 +206,8 @@ class PeerNegotiation(Negotiation):
                 clock = sent_at     # stall times by one clock, so that every member decides alike
             messages.append(message)
         batches, stop, reports = state.coordinator.step(messages, clock)
+        if batches and log.isEnabledFor(logging.DEBUG):
+            log.debug("negotiated (peer) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
         if state.index == 0:
             report_stalls(reports)
         if self.loop.timeline is not None:

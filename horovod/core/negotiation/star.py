@@ -9,6 +9,7 @@ so a backward pass does not pay a cycle per gradient. Rank 0 plays :class:`StarR
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -19,6 +20,8 @@ from horovod.core.negotiation.base import (IDLE, NEW, POLL_SECONDS, Batch, Loop,
                                            plain_batches, report_stalls)
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState
+
+log = logging.getLogger("horovod")
 
 __all__ = ["StarNegotiation", "StarRoot", "StarFollower", "GO", "ANNOUNCED_POLL_SECONDS"]
 
@@ -80,6 +83,8 @@ class StarNegotiation(Negotiation):
         for peer in state.ranks[1:]:
             messages.append(decode_message(self._recv_message(state, peer)))
         batches, stop, reports = state.coordinator.step(messages, time.monotonic())
+        if batches and log.isEnabledFor(logging.DEBUG):
+            log.debug("negotiated (star) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
         report_stalls(reports)
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
