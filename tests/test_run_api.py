@@ -5,7 +5,7 @@ import os
 import pytest
 
 import horovod
-from horovod.runner import NotAvailableYetError, WorkerFailedError
+from horovod.runner import WorkerFailedError
 from horovod.runner.api import raise_for_outcomes
 from horovod.runner.supervisor import JobResult, WorkerExit
 from horovod.runner.run_task import TaskOutcome
@@ -63,7 +63,7 @@ def test_worker_dying_without_result():
     ({"hosts": "localhost:1", "hostfile": "f"}, ValueError),
     ({"use_gloo": True, "use_mpi": True}, ValueError),
     ({"min_np": 3, "max_np": 2}, ValueError),
-    ({"use_mpi": True}, NotAvailableYetError),
+    ({"mpi_args": "--oversubscribe"}, ValueError),  # needs use_mpi
     ({"hosts": "no-such-host.invalid:2"}, ValueError),  # does not resolve (NetworkError)
     ({"np": 3, "hosts": "localhost:2"}, ValueError),
 ])

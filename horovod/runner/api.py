@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from horovod.runner.elastic.api import run_elastic
 from horovod.runner.elastic.launch import is_elastic
 from horovod.runner.hosts import resolve_hosts
-from horovod.runner.pipeline import NotAvailableYetError, package_pythonpath
+from horovod.runner.pipeline import package_pythonpath
 from horovod.runner.outcomes import FunctionExchange, WorkerFailedError, raise_for_outcomes
 from horovod.runner.plan import plan_job, run_static
 
@@ -28,8 +28,8 @@ def _check(hosts, hostfile, use_gloo, use_mpi, mpi_args) -> None:
         raise ValueError("arguments hosts and hostfile are mutually exclusive")
     if use_gloo and use_mpi:
         raise ValueError("arguments use_gloo and use_mpi are mutually exclusive")
-    if use_mpi or mpi_args:
-        raise NotAvailableYetError("the MPI controller (use_mpi/mpi_args) is not available yet")
+    if mpi_args and not use_mpi:
+        raise ValueError("mpi_args needs use_mpi=True")
 
 
 def _first(*given):
@@ -54,15 +54,16 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
     checked first within ``start_timeout``. ``output_filename``: also write each rank's output there. ``executable``:
     the workers' Python (default: this one). ``network_interface(s)``: the data plane's interfaces.
     ``min_np``/``min_num_proc``, ``max_np``/``max_num_proc``, ``slots``, ``reset_limit``, ``cooldown_range``,
-    ``host_discovery_script``: an elastic job; its result is the final round's workers' values. ``use_gloo`` and
-    ``disable_cache`` are accepted; ``use_mpi``/``mpi_args`` are not available yet.
+    ``host_discovery_script``: an elastic job; its result is the final round's workers' values. ``use_mpi``: Open
+    MPI's ``mpirun`` starts the workers (``mpi_args``: its extra options), as ``horovodrun --mpi``. ``use_gloo`` and
+    ``disable_cache`` are accepted.
 
     Returns:
         The list of ``func``'s return values, by rank.
 
     Raises:
         ValueError: both ``hosts`` and ``hostfile``, or both ``use_gloo`` and ``use_mpi``, or bad hosts.
-        NotAvailableYetError: MPI jobs were requested.
+        MpiNotFoundError: ``use_mpi`` without Open MPI's ``mpirun``.
         HostCheckError: a remote host cannot be logged into, run horovod or reach the launcher.
         BaseException: the exception a worker raised, with its traceback in the cause's message.
     """
@@ -72,7 +73,7 @@ def run(func: Callable, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = 
                   hostfile=hostfile, host_discovery_script=host_discovery_script, start_timeout=start_timeout,
                   ssh_port=ssh_port, ssh_identity_file=ssh_identity_file, output_filename=output_filename,
                   verbose=verbose, nic=network_interface, nics=network_interfaces, python=executable,
-                  prefix_output_with_timestamp=prefix_output_with_timestamp)
+                  prefix_output_with_timestamp=prefix_output_with_timestamp, use_mpi=use_mpi, mpi_args=mpi_args)
     exchange = FunctionExchange(func, args, kwargs)
     extra_env = package_pythonpath(include_caller_path=True)
     if is_elastic(values):

@@ -14,12 +14,13 @@ from typing import Any, Optional
 
 import cloudpickle
 
-from horovod.common.config import load_config
+from horovod.common.config import environ_snapshot, load_config
 from horovod.common.failure_records import FailureRecord, describe_exception
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
+from horovod.runtime.launch_env import detect
 
-__all__ = ["TaskOutcome", "capture", "dumps_outcome", "client_from_env", "run_published", "main", "FUNC_SCOPE",
-           "FUNC_KEY", "RESULT_SCOPE"]
+__all__ = ["TaskOutcome", "capture", "dumps_outcome", "client_from_env", "task_rank", "run_published", "main",
+           "FUNC_SCOPE", "FUNC_KEY", "RESULT_SCOPE"]
 
 FUNC_SCOPE = "runfunc"
 FUNC_KEY = "func"
@@ -73,9 +74,18 @@ def client_from_env() -> RendezvousClient:
     return RendezvousClient(cfg.gloo_rendezvous_addr, cfg.gloo_rendezvous_port, secret_from_hex(cfg.secret_key))
 
 
+def task_rank() -> int:
+    """This worker's rank: ``HOROVOD_RANK``, or under ``mpirun`` (``horovod.run(use_mpi=True)``) its MPI rank."""
+    cfg = load_config()
+    if cfg.is_explicit("HOROVOD_RANK"):
+        return cfg.rank
+    slot = detect(environ_snapshot())
+    return slot.rank if slot is not None else cfg.rank
+
+
 def run_published(func_scope: str, result_scope: str) -> int:
     """Fetch ``(func, args, kwargs)`` from ``func_scope``, run it, publish the outcome; returns the exit status."""
-    rank = load_config().rank
+    rank = task_rank()
     client = client_from_env()
     func, args, kwargs = cloudpickle.loads(client.get(func_scope, FUNC_KEY))
     outcome = capture(rank, func, args, kwargs)
