@@ -209,3 +209,47 @@ def test_strangers_on_the_listener_do_not_keep_the_job_from_starting(tmp_path):
     for took, value in results:
         assert value == [2.0, 2.0]
         assert took < 8.0, f"init took {took:.1f} s with strangers on the listener"
+
+
+LOCAL_LOOP = """
+import os, sys, time
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+open(os.path.join(sys.argv[1], f"pid.{hvd.rank()}"), "w").write(str(os.getpid()))
+while True:
+    hvd.allreduce(np.ones(10))
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.cli
+def test_sigkill_of_horovodrun_takes_its_local_workers_along(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from horovod.testing.fixtures import process_alive
+    (tmp_path / "loop.py").write_text(LOCAL_LOOP)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    proc = subprocess.Popen([sys.executable, "-m", "horovod.runner", "-np", "2", sys.executable, "loop.py",
+                             str(tmp_path)], cwd=str(tmp_path), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            pids = [int(p.read_text()) for p in tmp_path.glob("pid.*") if p.read_text()]
+            time.sleep(0.05)
+        assert len(pids) == 2, "the workers did not start"
+        os.kill(proc.pid, signal.SIGKILL)        # horovodrun alone, not its process group
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(process_alive(p) for p in pids), "workers outlived a SIGKILLed horovodrun by 10 s"
+    finally:
+        for pid in pids:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
