@@ -5,73 +5,15 @@ engine on real ranks (tier ranks) and hierarchically across two host identities 
 import os
 import sys
 import textwrap
-import threading
 
 import numpy as np
 import pytest
 
 from horovod.algorithms import adasum, ring
 from horovod.algorithms.group import Group
+from horovod.testing.memory_transport import run_threads as _run_threads
 from horovod.testing import spawn_ranks
 from horovod.testing.fixtures import run_horovodrun
-
-
-class _Pipe:
-    def __init__(self):
-        self.data = bytearray()
-        self.cond = threading.Condition()
-
-
-class _Done:
-    def wait(self):
-        return None
-
-
-class MemoryTransport:
-    """The bytes part of the Transport contract between threads, with unbounded pipes; counts bytes sent."""
-
-    def __init__(self, rank, size, pipes):
-        self.rank, self.size, self.pipes = rank, size, pipes
-        self.sent = 0
-
-    def send(self, peer, data):
-        data = bytes(data)
-        self.sent += len(data)
-        pipe = self.pipes[self.rank, peer]
-        with pipe.cond:
-            pipe.data += data
-            pipe.cond.notify_all()
-
-    def isend(self, peer, view):
-        self.send(peer, view)
-        return _Done()
-
-    def recv_into(self, peer, view):
-        pipe = self.pipes[peer, self.rank]
-        with pipe.cond:
-            assert pipe.cond.wait_for(lambda: len(pipe.data) >= len(view), timeout=30), "receive timed out"
-            view[:] = pipe.data[:len(view)]
-            del pipe.data[:len(view)]
-
-
-def _run_threads(n, fn):
-    """Run ``fn(group)`` on ``n`` threads, one in-memory group each; returns (results, bytes sent) by rank."""
-    pipes = {(a, b): _Pipe() for a in range(n) for b in range(n) if a != b}
-    transports = [MemoryTransport(r, n, pipes) for r in range(n)]
-    results, errors = [None] * n, []
-
-    def body(r):
-        try:
-            results[r] = fn(Group(tuple(range(n)), r, transports[r]))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return results, [t.sent for t in transports]
 
 
 def _inputs(n, counts, dtype=np.float64, seed=0):

@@ -1,0 +1,75 @@
+"""Latency-bound allreduce: recursive doubling, and the cost model that picks it over the one-hop exchange.
+
+Below ``ring.EXCHANGE_MAX_BYTES`` a ring's 2(n-1) dependent steps cost more than the bytes. Two algorithms compete
+there: the exchange (every rank sends its whole buffer to every peer: one hop, but ``n - 1`` messages per rank, each a
+few microseconds of Python and ``nbytes`` on the wire), and recursive doubling (``log2 n`` hops, one message of
+``nbytes`` each; with ``n`` not a power of two the ranks past the largest power of two fold into a partner first and
+get the result back last, two hops more). :func:`prefer_recursive_doubling` compares the two with a simple
+latency/bandwidth model, the same on every rank since it reads only ``n`` and ``nbytes``.
+
+Recursive doubling gives every rank the same bits: at each step a pair adds the same two partial results (``a + b``
+and ``b + a`` are equal in IEEE arithmetic, and so are min, max and products).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from horovod.algorithms.group import Group
+
+__all__ = ["HOP_SECONDS", "MESSAGE_SECONDS", "BYTE_SECONDS", "prefer_recursive_doubling",
+           "recursive_doubling_allreduce"]
+
+# The model's constants, measured on the project's machines (namespace hosts over veth, see docs/performance.md):
+HOP_SECONDS = 60e-6        # one dependent network hop, wake-up included
+MESSAGE_SECONDS = 15e-6    # the Python and system-call cost of one more message per rank
+BYTE_SECONDS = 1e-9        # per byte sent by a rank (about 1 GB/s)
+
+
+def _hops(n: int) -> int:
+    p2 = 1 << (n.bit_length() - 1)
+    return (p2.bit_length() - 1) + (2 if p2 != n else 0)
+
+
+def prefer_recursive_doubling(n: int, nbytes: int) -> bool:
+    """Whether recursive doubling beats the exchange for ``nbytes`` over ``n`` ranks (model above)."""
+    if n <= 2:
+        return False     # the same single exchange either way
+    exchange = HOP_SECONDS + (n - 1) * (MESSAGE_SECONDS + nbytes * BYTE_SECONDS)
+    doubling = _hops(n) * (HOP_SECONDS + MESSAGE_SECONDS + nbytes * BYTE_SECONDS)
+    return doubling < exchange
+
+
+def _view(array: np.ndarray) -> memoryview:
+    return memoryview(array.view(np.uint8))
+
+
+def _swap_reduce(group: Group, partner: int, buf: np.ndarray, incoming: np.ndarray, ufunc) -> None:
+    peer = group.ranks[partner]
+    pending = group.transport.isend(peer, _view(buf))
+    group.transport.recv_into(peer, _view(incoming))
+    pending.wait()          # ``buf`` changes only once the partner has been sent the old value
+    ufunc(buf, incoming, out=buf)
+
+
+def recursive_doubling_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray) -> None:
+    """Reduce the flat ``buf`` in place over ``group`` by recursive doubling; ``scratch`` holds ``buf.size``."""
+    n, me = group.size, group.index
+    if n == 1 or buf.size == 0:
+        return
+    p2 = 1 << (n.bit_length() - 1)
+    incoming = scratch[:buf.size]
+    transport = group.transport
+    if me >= p2:                                  # fold into a partner, then wait for the result
+        transport.send(group.ranks[me - p2], _view(buf))
+        transport.recv_into(group.ranks[me - p2], _view(buf))
+        return
+    if me + p2 < n:
+        transport.recv_into(group.ranks[me + p2], _view(incoming))
+        ufunc(buf, incoming, out=buf)
+    distance = 1
+    while distance < p2:
+        _swap_reduce(group, me ^ distance, buf, incoming, ufunc)
+        distance <<= 1
+    if me + p2 < n:
+        transport.send(group.ranks[me + p2], _view(buf))
