@@ -21,6 +21,7 @@ READY_SCOPE = "elastic.ready"
 ASSIGN_SCOPE = "elastic.assign"
 NOTIFY_SCOPE = "elastic"
 HOSTS_UPDATED_KEY = "hosts_updated"
+BROKEN_ROUND_KEY = "broken_round"     # the last round a worker of which failed (its mesh will never form)
 REMOVED = b"removed"
 ENDED = b"ended"
 
@@ -85,5 +86,5 @@ def decode_update(data: bytes) -> Tuple[int, int]:
     return int(version), int(flags)
 
 
-__all__ = ["READY_SCOPE", "ASSIGN_SCOPE", "NOTIFY_SCOPE", "HOSTS_UPDATED_KEY", "REMOVED", "ENDED",
+__all__ = ["READY_SCOPE", "ASSIGN_SCOPE", "NOTIFY_SCOPE", "HOSTS_UPDATED_KEY", "BROKEN_ROUND_KEY", "REMOVED", "ENDED",
            "HostUpdateResult", "Assignment", "slot_key", "decode_answer", "encode_update", "decode_update"]

@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import time
-from typing import Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError, RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient
@@ -67,8 +67,12 @@ def rendezvous_client(config, topo) -> RendezvousClient:
     return RendezvousClient(topo.rendezvous_addr, topo.rendezvous_port, topo.secret, timeout=config.start_timeout)
 
 
-def connect(config, topo, scope: str) -> TcpTransport:
-    """Create the full mesh of authenticated connections for the job's ranks, bounded by the start timeout."""
+def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = None) -> TcpTransport:
+    """Create the full mesh of authenticated connections for the job's ranks, bounded by the start timeout.
+
+    ``abandoned`` (elastic jobs) says, when asked now and then, that the round this mesh is for was given up (a
+    peer died during start-up): the wait then ends at once with HorovodInternalError instead of at the timeout.
+    """
     rank, size = topo.rank, topo.size
     client = rendezvous_client(config, topo)
     transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds, job_token=scope,
@@ -85,7 +89,7 @@ def connect(config, topo, scope: str) -> TcpTransport:
         addresses: Dict[int, Tuple[str, int]] = {}
         unix_names: Dict[int, str] = {}
         for peer in range(rank):
-            addresses[peer], hostname, _, unix_name, _ = _published(client, scope, peer, deadline)
+            addresses[peer], hostname, _, unix_name, _ = _published(client, scope, peer, deadline, abandoned)
             if hostname == topo.hostname and unix_name != "-":
                 unix_names[peer] = unix_name
     except RendezvousError as exc:
@@ -93,7 +97,7 @@ def connect(config, topo, scope: str) -> TcpTransport:
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
     _log.debug("rank %d: mesh %s listens on %s:%d; dialing %d lower ranks (%d over shared memory)", rank, scope,
                host, port, len(addresses), len(unix_names))
-    transport.connect(addresses, deadline, unix_names)
+    transport.connect(addresses, deadline, unix_names, abandoned)
     try:
         # Every peer published before the mesh could form, so these reads do not wait.
         published = [_published(client, scope, peer, deadline) for peer in range(size)]
@@ -130,11 +134,21 @@ def _settings_mismatch(per_rank) -> str:
     return ""
 
 
-def _published(client: RendezvousClient, scope: str, peer: int,
-               deadline: float) -> Tuple[Tuple[str, int], str, str, str, int]:
+def _published(client: RendezvousClient, scope: str, peer: int, deadline: float,
+               abandoned: Optional[Callable[[], bool]] = None) -> Tuple[Tuple[str, int], str, str, str, int]:
     """A peer's record: its TCP address, host identity, agreed settings, Unix socket name ("-" for none) and the
     number of cores of its host."""
-    text = client.get(scope, str(peer), timeout=max(0.1, deadline - time.monotonic())).decode()
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            text = client.get(scope, str(peer), timeout=left if abandoned is None else min(left, 1.0)).decode()
+            break
+        except RendezvousError:
+            if abandoned is None or time.monotonic() >= deadline:
+                raise
+            if abandoned():
+                raise HorovodInternalError(f"the round of {scope} was given up: a peer failed while it "
+                                           f"formed") from None
     address, hostname, settings, unix_name, cores = (text.split(" ") + ["", "", "-", "1"])[:5]
     peer_host, _, peer_port = address.rpartition(":")
     return (peer_host, int(peer_port)), hostname, settings, unix_name, int(cores) if cores.isdigit() else 1

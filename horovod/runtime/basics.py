@@ -7,14 +7,17 @@ One explicit context object per process, created by :func:`init` and dropped by 
 from __future__ import annotations
 
 import atexit
+import sys
 from typing import List, Optional, Sequence
 
 from horovod import timeline as _timeline
 from horovod.common import config as _config
+from horovod.common.exceptions import HorovodInternalError
 from horovod.core.bootstrap import connect
 from horovod.core.engine import Engine
 from horovod.core.negotiation import peer_negotiation
 from horovod.runtime import context as _ctx
+from horovod.runtime import elastic_worker
 from horovod.runtime.process_sets import (ProcessSet, global_process_set, _add_process_set_impl,  # noqa: F401
                                           _get_process_set_ids_and_ranks, _process_set_rank, _process_set_size,
                                           _remove_process_set_impl)
@@ -60,7 +63,8 @@ def _start_engine(config, topo, static_sets: List[ProcessSet]) -> _ctx.Context:
     transport = None
     if size > 1:
         generation = _generation if topo.generation is None else topo.generation
-        transport = connect(config, topo, f"{topo.scope}.mesh.{generation}")
+        abandoned = (lambda: elastic_worker.round_broken(generation)) if config.elastic else None
+        transport = connect(config, topo, f"{topo.scope}.mesh.{generation}", abandoned)
     timeline = _timeline.from_config(config, rank)
     engine = Engine(config, rank, size, transport, timeline)
     engine.add_static_set(0, range(size))
@@ -71,6 +75,21 @@ def _start_engine(config, topo, static_sets: List[ProcessSet]) -> _ctx.Context:
         ps.process_set_id = index
     engine.start()
     return _ctx.Context(config, topo, engine, bool(config.dynamic_process_sets), timeline)
+
+
+def _start_round(config, topo, static_sets: List[ProcessSet]) -> _ctx.Context:
+    """Start the engine; in an elastic job a round that breaks while its mesh forms (a peer died during start-up)
+    is followed by the driver's next one, here, so that the first ``init`` (outside ``hvd.elastic.run``) survives
+    it too."""
+    while True:
+        try:
+            return _start_engine(config, topo, static_sets)
+        except HorovodInternalError as exc:
+            if not config.elastic:
+                raise
+            print(f"horovod: round {topo.generation} broke while connecting ({exc}); asking the driver for the "
+                  f"next one", file=sys.stderr, flush=True)
+            topo = resolve(config)
 
 
 def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
@@ -98,7 +117,7 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
         if isinstance(comm, (list, tuple, range)) and sorted(comm) != list(range(size)):
             raise ValueError("init(comm=[ranks]) with a subset of the ranks needs MPI; pass an mpi4py communicator "
                              "of those ranks, or use process sets")
-        _ctx.install(_start_engine(config, topo, _static_sets(process_sets, size)))
+        _ctx.install(_start_round(config, topo, _static_sets(process_sets, size)))
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Optional
 
 from horovod.common.exceptions import RendezvousError
@@ -24,6 +25,7 @@ _lock = threading.Lock()
 _round = 0          # the last round this process took part in
 _version = 0        # the host update that round accounts for
 _client: Optional[RendezvousClient] = None
+_broken_looked = [float("-inf")]
 
 
 def current_round() -> int:
@@ -73,6 +75,23 @@ def resolve_elastic(config):
                     client.secret, f"{config.rendezvous_scope}.elastic", generation=answer.round)
 
 
+def round_broken(round_number: int) -> bool:
+    """Whether the driver saw a worker of round ``round_number`` fail (its mesh will never form); one bounded
+    request, at most every half second."""
+    now = time.monotonic()
+    if _client is None or now - _broken_looked[0] < 0.5:
+        return False
+    _broken_looked[0] = now
+    try:
+        data = _client.try_get(protocol.NOTIFY_SCOPE, protocol.BROKEN_ROUND_KEY)
+    except (RendezvousError, ValueError):
+        return False
+    try:
+        return data is not None and int(data) >= round_number
+    except ValueError:
+        return False
+
+
 def poll_host_update() -> Optional[tuple]:
     """``(version, flags)`` of a host update newer than the current round, or None; one bounded request."""
     client = _client
@@ -88,4 +107,4 @@ def poll_host_update() -> Optional[tuple]:
     return (version, flags) if version > _version else None
 
 
-__all__ = ["resolve_elastic", "poll_host_update", "current_round", "current_version"]
+__all__ = ["resolve_elastic", "poll_host_update", "round_broken", "current_round", "current_version"]

@@ -87,6 +87,13 @@ class MeshSetup:
         """Close every connection (the transport's)."""
         raise NotImplementedError
 
+    def _check_abandoned(self) -> None:
+        """Raise when the round this mesh is for was given up (``abandoned``, asked at most every half second)."""
+        abandoned = getattr(self, "_abandoned", None)
+        if abandoned is not None and abandoned():
+            raise HorovodInternalError(f"rank {self.rank}: this round was given up while its mesh formed (a peer "
+                                       f"failed during start-up)")
+
     def listen(self, bind_host: str = "0.0.0.0") -> int:
         """Open the listening socket; returns its port (to be published through the rendezvous)."""
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -118,6 +125,9 @@ class MeshSetup:
                 if not (name and self._dial_unix(peer, name, deadline)):
                     self._dial(peer, addresses[peer], deadline)
             self._accept_higher(deadline)
+        except HorovodInternalError:
+            self.close()
+            raise
         except (OSError, ConnectionError) as exc:
             self.close()
             raise HorovodInternalError(f"rank {self.rank}: could not connect to its peers: {exc}") from None
@@ -134,6 +144,7 @@ class MeshSetup:
                 sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
             except OSError as exc:
                 last = exc
+                self._check_abandoned()
                 time.sleep(0.05)
                 continue
             watch_liveness(sock, self.liveness)
@@ -184,6 +195,7 @@ class MeshSetup:
                 if remaining <= 0:
                     raise HorovodInternalError(f"rank {self.rank} timed out waiting for ranks {sorted(expected)} "
                                                f"to connect")
+                self._check_abandoned()
                 while True:     # collect finished handshakes
                     try:
                         peer, sock = done.get_nowait()

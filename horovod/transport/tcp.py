@@ -125,6 +125,7 @@ class TcpTransport(MeshSetup):
         self._pid = os.getpid()
         self._silence_reported: set = set()
         self._accepting_ended = False
+        self._abandoned = None
         self._listener: Optional[socket.socket] = None
         self._unix_listener: Optional[socket.socket] = None
         self.unix_name = ""                # where same-host peers dial us ("" when Unix sockets are unavailable)
@@ -134,11 +135,12 @@ class TcpTransport(MeshSetup):
     # -- setup ---------------------------------------------------------------------------------------------------
 
     def connect(self, addresses: Dict[int, Tuple[str, int]], deadline: float,
-                unix_names: Optional[Dict[int, str]] = None) -> None:
+                unix_names: Optional[Dict[int, str]] = None, abandoned=None) -> None:
         """Dial every lower rank and accept every higher one, authenticating each; bounded by ``deadline``.
 
         ``unix_names`` names the Unix sockets of lower ranks on this host; each is tried before the TCP address.
         """
+        self._abandoned = abandoned      # asked now and then while waiting for peers (elastic rounds)
         self._connect_all(addresses, deadline, unix_names)
         for peer, sock in self._socks.items():
             _configure(sock, self.timeout, self.liveness)

@@ -64,6 +64,7 @@ class ElasticJob:
         self.waiting_since: Optional[float] = None
         self.notified_plan = None
         self.interrupted_by: Optional[int] = None
+        self._failed_at: Optional[float] = None
         self._next_discovery = float("-inf")
         self._last_discovery_error = None
 
@@ -100,6 +101,9 @@ class ElasticJob:
         self.store.delete(protocol.ASSIGN_SCOPE, key)
         if record.expected_exit:
             return
+        if record.in_round and code != 0:
+            # Workers still connecting in this round give up on it at once instead of at their start timeout.
+            self.store.put(protocol.NOTIFY_SCOPE, protocol.BROKEN_ROUND_KEY, str(self.round).encode())
         if code == 0:
             if not self.succeeded:
                 self.log(f"worker {key} finished successfully; the job ends when the others finish")
@@ -113,6 +117,8 @@ class ElasticJob:
 
     def _fail_host(self, hostname: str, why: str, exited: WorkerExit) -> None:
         now = self.clock()
+        if not self.failures:
+            self._failed_at = now       # the recovery clock: from the first failure to the next round
         self.failures.append(exited)
         self.first_failure = self.first_failure or exited
         until = self.blacklist.add(hostname, now, self.uniform())
@@ -189,8 +195,12 @@ class ElasticJob:
         self.current_keys = slot_keys(action.slots)
         self.failures = []
         self.notified_plan = None
+        recovery = ""
+        if self._failed_at is not None:
+            recovery = f"; recovery: {self.clock() - self._failed_at:.2f} s after the failure"
+            self._failed_at = None
         self.log(f"round {self.round}: {len(action.slots)} worker(s) on {', '.join(hosts)}"
-                 + (f"; removed {', '.join(action.removed)}" if action.removed else ""))
+                 + (f"; removed {', '.join(action.removed)}" if action.removed else "") + recovery)
 
     def _tell(self, key: str, answer: bytes) -> None:
         record = self.registry.get(key)
