@@ -27,6 +27,13 @@ class TensorMismatchError(HorovodError):
     """
 
 
+class UnsupportedOperationError(HorovodError):
+    """A collective was asked for something Horovod's core refuses (a reducescatter of a 0-d tensor, or with Adasum).
+
+    A ``RuntimeError``, as Horovod raises it, but not fatal: elastic training does not take it for a broken job.
+    """
+
+
 class HorovodConfigError(HorovodError, ValueError):
     """A ``HOROVOD_*`` variable or launcher flag holds a value that does not parse or is out of range."""
 
