@@ -129,6 +129,8 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
         raise ValueError("boolean tensors cannot be averaged or scaled; use op=hvd.Sum, Min or Max")
     if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
         raise ValueError(f"allreduce output must be contiguous with shape {array.shape}")
+    if output is not None and not output.flags.writeable:
+        raise ValueError(f"allreduce in place needs a writable array; this one is read-only")
     request = Request(_full_name or _name("allreduce", name, process_set), OpType.ALLREDUCE, dtype,
                       array.shape, int(reduce_op), float(prescale_factor), float(postscale_factor), -1, None, _group,
                       (_group_size,) if _group >= 0 else None)
@@ -202,6 +204,8 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: Optional[str] = Non
     array = _contiguous(np.asarray(array))
     if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
         raise ValueError(f"broadcast output must be contiguous with shape {array.shape}")
+    if output is not None and not output.flags.writeable:
+        raise ValueError(f"broadcast in place needs a writable array; this one is read-only")
     request = Request(_name("broadcast", name, process_set), OpType.BROADCAST, _dtype(array, dtype),
                       tuple(array.shape), root_rank=int(root_rank))
     return basics.engine().submit(request, array, output, set_id)

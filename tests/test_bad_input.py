@@ -1,0 +1,165 @@
+"""Bad input at the API never corrupts a job (issue 19, item 5), each case on 2 ranks (tier ranks).
+
+Each case either works correctly or raises a clear error on every rank, and the job goes on: after every case the
+ranks run a checked allreduce. A child forked after ``init`` is ``tests/test_liveness.py``'s.
+"""
+
+import pytest
+
+from horovod.testing import spawn_ranks
+
+pytestmark = pytest.mark.ranks
+
+ODD_NAMES = ["", "x" * 10_000, "nul\0inside", "new\nline", "non-ascii-é-漢字-🙂", "path/with/../separators",
+             "back\\slash", " "]
+
+
+def _goes_on(hvd, np, tag):
+    """The job still works: a checked allreduce."""
+    got = hvd.allreduce(np.arange(3, dtype=np.float64) + hvd.rank(), op=hvd.Sum, name=f"goes-on.{tag}")
+    expected = np.arange(3) * hvd.size() + sum(range(hvd.size()))
+    return bool(np.array_equal(got, expected))
+
+
+def _odd_names():
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    outcome = []
+    for index, name in enumerate(ODD_NAMES):
+        try:
+            value = hvd.allreduce(np.full(2, float(hvd.rank() + 1)), op=hvd.Sum, name=name).tolist()
+        except (ValueError, TypeError) as exc:
+            value = f"error: {exc}"
+        outcome.append((value, _goes_on(hvd, np, index)))
+    hvd.shutdown()
+    return outcome
+
+
+def test_odd_tensor_names_work_or_fail_clearly_on_every_rank():
+    results = spawn_ranks(_odd_names, 2, timeout=120)
+    assert results[0] == results[1], results
+    for name, (value, goes_on) in zip(ODD_NAMES, results[0]):
+        assert value == [3.0, 3.0] or (isinstance(value, str) and "name" in value), (name[:20], value)
+        assert goes_on, name[:20]
+
+
+def _odd_values():
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    r = hvd.rank()
+    out = {}
+    special = np.array([np.nan, np.inf, -np.inf, 1.0, -0.0], dtype=np.float64)
+    out["nan_inf"] = hvd.allreduce(special * (r + 1), op=hvd.Sum, name="special").tolist()
+    out["nan_inf_max"] = hvd.allreduce(special, op=hvd.Max, name="special-max").tolist()
+    out["inf_minus_inf"] = hvd.allreduce(np.array([np.inf if r == 0 else -np.inf]), op=hvd.Sum,
+                                         name="inf-minus-inf").tolist()
+    base = np.arange(20, dtype=np.float32).reshape(4, 5) + r
+    out["non_contiguous"] = hvd.allreduce(base[:, ::2], op=hvd.Sum, name="strided").tolist()
+    out["transposed"] = hvd.allreduce(base.T, op=hvd.Sum, name="transposed").tolist()
+    frozen = np.full(4, float(r + 1))
+    frozen.setflags(write=False)
+    out["read_only"] = hvd.allreduce(frozen, op=hvd.Sum, name="read-only").tolist()
+    out["read_only_unchanged"] = frozen.tolist()
+    try:
+        hvd.allreduce_(frozen, op=hvd.Sum, name="read-only-in-place")
+        out["in_place_read_only"] = "no error"
+    except (ValueError, TypeError) as exc:
+        out["in_place_read_only"] = f"error: {exc}"
+    out["nan_prescale"] = str(hvd.allreduce(np.ones(2), op=hvd.Sum, prescale_factor=float("nan"),
+                                            name="nan-prescale").tolist())
+    out["goes_on"] = _goes_on(hvd, np, "values")
+    hvd.shutdown()
+    return out
+
+
+def test_nan_inf_non_contiguous_and_read_only_arrays_give_correct_results():
+    import numpy as np
+    r0, r1 = spawn_ranks(_odd_values, 2, timeout=120)
+    own = "read_only_unchanged"         # each rank's own input
+    assert str({k: v for k, v in r0.items() if k != own}) == str({k: v for k, v in r1.items() if k != own})
+    special = np.array([np.nan, np.inf, -np.inf, 1.0, -0.0])
+    assert str(r0["nan_inf"]) == str((special * 1 + special * 2).tolist())
+    assert str(r0["nan_inf_max"]) == str(special.tolist())
+    assert str(r0["inf_minus_inf"]) == "[nan]"
+    base = np.arange(20, dtype=np.float32).reshape(4, 5)
+    assert r0["non_contiguous"] == (2 * base[:, ::2] + 1).tolist()
+    assert r0["transposed"] == (2 * base.T + 1).tolist()
+    assert r0["read_only"] == [3.0] * 4
+    assert r0[own] == [1.0] * 4 and r1[own] == [2.0] * 4
+    assert r0["in_place_read_only"].startswith("error:") and "read-only" in r0["in_place_read_only"].lower() \
+        or r0["in_place_read_only"] == "no error", r0["in_place_read_only"]
+    assert r0["nan_prescale"] == "[nan, nan]", "a NaN prescale on every rank is not a mismatch"
+    assert r0["goes_on"]
+
+
+def _mismatches():
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.common.exceptions import HorovodError
+    hvd.init()
+    r = hvd.rank()
+    out = {}
+    cases = {
+        "dtype": lambda: hvd.allreduce(np.ones(3, dtype=np.float32 if r == 0 else np.float64), name="dtype"),
+        "shape": lambda: hvd.allreduce(np.ones(3 + r), name="shape"),
+        "op": lambda: hvd.allreduce(np.ones(3), op=hvd.Sum if r == 0 else hvd.Max, name="op"),
+        "root": lambda: hvd.broadcast(np.ones(3), root_rank=r, name="root"),
+        "prescale": lambda: hvd.allreduce(np.ones(3), prescale_factor=1.0 + r, name="prescale"),
+        "bad_root": lambda: hvd.broadcast(np.ones(3), root_rank=7, name="bad-root"),
+        "bad_dtype": lambda: hvd.allreduce(np.array(["a", "b"]), name="strings"),
+        "object_dtype": lambda: hvd.allreduce(np.array([{}, 1], dtype=object), name="objects"),
+    }
+    for case, call in cases.items():
+        try:
+            call()
+            out[case] = "no error"
+        except (ValueError, TypeError, HorovodError) as exc:
+            out[case] = f"{type(exc).__name__}: {exc}"
+        out[case + ".goes_on"] = _goes_on(hvd, np, case)
+    hvd.shutdown()
+    return out
+
+
+def test_dtype_shape_and_argument_mismatches_raise_clearly_on_every_rank_and_the_job_goes_on():
+    r0, r1 = spawn_ranks(_mismatches, 2, timeout=120)
+    for case in ("dtype", "shape", "op", "root", "prescale"):
+        for result in (r0, r1):
+            assert "Mismatched" in result[case] and f".{case}'" in result[case], (case, result[case])
+    for case in ("bad_root", "bad_dtype", "object_dtype"):
+        for result in (r0, r1):
+            assert result[case] != "no error", (case, result[case])
+    for result in (r0, r1):
+        assert all(value for key, value in result.items() if key.endswith(".goes_on")), result
+
+
+def _before_and_after():
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.common.exceptions import HorovodInternalError
+    out = {}
+    for when in ("before", "after"):
+        if when == "after":
+            hvd.init()
+            out["works"] = hvd.allreduce(np.ones(2), op=hvd.Sum).tolist()
+            hvd.shutdown()
+        for op, call in (("allreduce", lambda: hvd.allreduce(np.ones(2))), ("rank", hvd.rank),
+                         ("broadcast", lambda: hvd.broadcast(np.ones(2), 0)), ("barrier", hvd.barrier)):
+            try:
+                call()
+                out[f"{when}.{op}"] = "no error"
+            except (ValueError, HorovodInternalError) as exc:
+                out[f"{when}.{op}"] = str(exc)
+    hvd.init()      # and init again after shutdown works
+    out["again"] = hvd.allreduce(np.ones(2), op=hvd.Sum).tolist()
+    hvd.shutdown()
+    return out
+
+
+def test_ops_before_init_and_after_shutdown_raise_a_clear_error():
+    for result in spawn_ranks(_before_and_after, 2, timeout=120):
+        assert result["works"] == [2.0, 2.0] and result["again"] == [2.0, 2.0]
+        for key, value in result.items():
+            if key.startswith(("before.", "after.")):
+                assert "not been initialized" in value or "shut down" in value, (key, value)
