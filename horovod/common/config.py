@@ -97,7 +97,10 @@ class Setting:
         if self.choices is not None and value is not None:
             spelled = {c.lower(): c for c in self.choices}.get(str(value).strip().lower())
             if spelled is None:
-                raise HorovodConfigError(f"{source}={value!r}: use {', '.join(self.choices)}")
+                close = difflib.get_close_matches(str(value).strip().upper(), [c.upper() for c in self.choices], n=1)
+                hint = f"; did you mean {self.choices[[c.upper() for c in self.choices].index(close[0])]}?" \
+                    if close else ""
+                raise HorovodConfigError(f"{source}={value!r}: use {', '.join(self.choices)}{hint}")
             return spelled
         return value
 

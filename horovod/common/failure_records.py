@@ -5,7 +5,8 @@ When one rank raises, the others fail as a consequence a moment later (their col
 exit says little: the rank that raised may still be shutting down when a survivor has already exited. So each
 worker started by a launcher records, as its exception reaches the top, a :class:`FailureRecord` in the job's
 rendezvous store (scope :data:`SCOPE`, key = rank): when, what, its traceback, whether it is such a consequence, and
-the collective it was waiting for. The launcher reads them after the job (:mod:`horovod.runner.diagnosis`).
+the collective it was waiting for. A rank that shuts Horovod down normally records that too (key ``<rank>.finished``),
+since others may still wait for it. The launcher reads them after the job (:mod:`horovod.runner.diagnosis`).
 
 Records are small JSON documents, validated when decoded.
 """
@@ -21,11 +22,12 @@ from typing import Any, Optional
 
 from horovod.common.exceptions import HorovodInternalError
 
-__all__ = ["SCOPE", "FailureRecord", "describe_exception", "waiting_for", "MAX_TRACEBACK_CHARS"]
+__all__ = ["SCOPE", "FailureRecord", "describe_exception", "finished_record", "waiting_for", "MAX_TRACEBACK_CHARS"]
 
 SCOPE = "failures"
 MAX_TRACEBACK_CHARS = 16000
 _HANDLE = ("horovod.core.handles", "Handle")
+_REQUEST = ("horovod.common.types", "Request")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,7 @@ class FailureRecord:
     traceback: str = ""
     consequence: bool = False
     waiting_for: Optional[str] = None
+    finished: bool = False  # not a failure: the rank shut Horovod down normally (others may still have waited)
 
     def encode(self) -> bytes:
         """The record as JSON bytes."""
@@ -56,7 +59,8 @@ class FailureRecord:
             raise ValueError("not a failure record")
         record = FailureRecord(**fields)
         kinds = ((record.rank, int), (record.time, (int, float)), (record.exc_type, str), (record.message, str),
-                 (record.traceback, str), (record.consequence, bool), (record.waiting_for, (str, type(None))))
+                 (record.traceback, str), (record.consequence, bool), (record.waiting_for, (str, type(None))),
+                 (record.finished, bool))
         if not all(isinstance(value, kind) for value, kind in kinds):
             raise ValueError("failure record with fields of the wrong types")
         return record
@@ -67,13 +71,15 @@ class FailureRecord:
 
 
 def waiting_for(tb: Optional[TracebackType]) -> Optional[str]:
-    """The name of the collective whose handle raised in ``tb`` (``allreduce.grad_w``), if one did."""
+    """The name of the collective that failed in ``tb`` (``allreduce.grad_w``): the handle that raised, or the
+    request being submitted when the engine had already stopped; None when no collective was involved."""
     name = None
     while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        kind = type(owner)
-        if (kind.__module__, kind.__name__) == _HANDLE:
-            name = getattr(owner, "name", None)
+        local = tb.tb_frame.f_locals
+        for candidate in (local.get("self"), local.get("request")):
+            kind = type(candidate)
+            if (kind.__module__, kind.__name__) in (_HANDLE, _REQUEST):
+                name = getattr(candidate, "name", None)
         tb = tb.tb_next
     return name if isinstance(name, str) else None
 
@@ -87,6 +93,12 @@ def describe_exception(rank: int, error: BaseException, when: Optional[float] = 
                          message=_message(error), traceback=text[-MAX_TRACEBACK_CHARS:],
                          consequence=isinstance(error, HorovodInternalError),
                          waiting_for=waiting_for(error.__traceback__))
+
+
+def finished_record(rank: int, when: Optional[float] = None) -> FailureRecord:
+    """The record of ``rank`` shutting Horovod down normally (now, unless ``when`` is given)."""
+    return FailureRecord(rank=rank, time=time.time() if when is None else when, exc_type="", message="",
+                         finished=True)
 
 
 def _message(error: Any) -> str:

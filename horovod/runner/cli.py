@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from horovod.common import config
 from horovod.common.exceptions import HorovodConfigError
@@ -144,9 +144,9 @@ def _plan(values: Mapping[str, Any]) -> Optional[LaunchConfig]:
 
 
 def _run(values: Mapping[str, Any], launch: LaunchConfig) -> int:
-    records: Dict[int, FailureRecord] = {}
+    records: List[FailureRecord] = []
     try:
-        result = run_static(values, launch, finish_store=lambda store: records.update(read_records(store, SCOPE)))
+        result = run_static(values, launch, finish_store=lambda store: records.extend(read_records(store, SCOPE)))
     except (NetworkError, HostCheckError, MpiNotFoundError) as exc:
         print(f"horovodrun: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -8,8 +8,8 @@ already exited. :func:`diagnose` decides, by these rules, in order:
 1. a rank that raised anything but ``HorovodInternalError`` (the earliest such report) is the root cause;
 2. else a rank that failed without reporting (killed by a signal, ``sys.exit(1)``) and that the launcher saw fail
    first is the root cause;
-3. else, when a rank exited normally before the first failure, the job failed because that rank finished while the
-   others still waited (for the collective the first consequence names);
+3. else, when a rank exited normally, the job failed because that rank finished while the others still waited
+   (for the collective the first consequence names);
 4. else the first failure the launcher saw.
 
 It is a pure function; :func:`summary` turns its verdict into what ``horovodrun`` prints.
@@ -18,7 +18,7 @@ It is a pure function; :func:`summary` turns its verdict into what ``horovodrun`
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Dict, Iterable, List, Optional
 
 from horovod.common.failure_records import FailureRecord
 from horovod.runner.supervisor import JobResult, WorkerExit, failure_message
@@ -44,46 +44,57 @@ class Diagnosis:
         if self.kind == "finished":
             waited = f" for {self.waiter.waiting_for}" if self.waiter and self.waiter.waiting_for else ""
             waiter = f" while rank {self.waiter.rank} waited{waited}" if self.waiter else " while others waited"
-            return f"rank {self.rank}{host} finished (exited with code 0){waiter}"
+            how = "exited with code 0" if self.exit is None or self.exit.returncode == 0 else "shut down normally"
+            return f"rank {self.rank}{host} finished ({how}){waiter}"
         how = self.exit.describe() if self.exit else "an unknown status"
         what = f": {self.record.headline()}" if self.record else ""
         return f"rank {self.rank}{host} ended with {how}{what}"
 
 
-def read_records(store, scope: str) -> Mapping[int, FailureRecord]:
-    """The failure records in ``store`` (a :class:`~horovod.common.rendezvous_server.KVStore`); bad ones skipped."""
-    records = {}
+def read_records(store, scope: str) -> List[FailureRecord]:
+    """The records in ``store`` (a :class:`~horovod.common.rendezvous_server.KVStore`); bad ones skipped."""
+    records = []
     for key in store.keys(scope):
         try:
-            record = FailureRecord.decode(store.get(scope, key))
+            records.append(FailureRecord.decode(store.get(scope, key)))
         except (ValueError, TypeError):
             continue
-        records[record.rank] = record
     return records
 
 
-def diagnose(result: JobResult, records: Mapping[int, FailureRecord]) -> Optional[Diagnosis]:
+def _failures(records: Iterable[FailureRecord]) -> Dict[int, FailureRecord]:
+    return {r.rank: r for r in records if not r.finished}
+
+
+def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Diagnosis]:
     """The root cause of ``result``'s failure (None when the job did not fail); see the module docstring."""
+    records = list(records)
+    failures = _failures(records)
     exits = {e.rank: e for e in result.exits}
-    raised = sorted((r for r in records.values() if not r.consequence), key=lambda r: r.time)
+    raised = sorted((r for r in failures.values() if not r.consequence), key=lambda r: r.time)
     if raised:
         return Diagnosis(raised[0].rank, "raised", exits.get(raised[0].rank), raised[0])
     first = result.first_failure
     if first is None:
         return None
-    if first.rank not in records:
+    if first.rank not in failures:
         return Diagnosis(first.rank, "died", first)
-    finished = sorted((e for e in result.exits if e.returncode == 0 and 0 < e.ended_at <= first.ended_at),
-                      key=lambda e: e.ended_at)
-    waiter = min(records.values(), key=lambda r: r.time)
+    # Every failure is a consequence: a rank that shut down normally (or exited 0) left the others waiting. Which
+    # process the launcher saw exit first is a matter of milliseconds, and the finished one may even have been
+    # stopped by the launcher after the first failure: its own record says it finished.
+    waiter = min(failures.values(), key=lambda r: r.time)
+    done = sorted((r for r in records if r.finished and r.rank not in failures), key=lambda r: r.time)
+    finished = [exits[r.rank] for r in done if r.rank in exits] or \
+        sorted((e for e in result.exits if e.returncode == 0), key=lambda e: e.ended_at)
     if finished:
         return Diagnosis(finished[0].rank, "finished", finished[0], waiter=waiter)
-    return Diagnosis(first.rank, "failed", first, records.get(first.rank))
+    return Diagnosis(first.rank, "failed", first, failures.get(first.rank))
 
 
-def summary(result: JobResult, records: Mapping[int, FailureRecord]) -> str:
+def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     """What ``horovodrun`` prints after a failed job: the root cause's traceback first, then Horovod's summary naming
     that rank, then one line per rank that failed as a consequence."""
+    records = list(records)
     verdict = diagnose(result, records)
     if verdict is None:
         return ""
@@ -95,7 +106,7 @@ def summary(result: JobResult, records: Mapping[int, FailureRecord]) -> str:
     if exit_ is not None:
         lines.append(failure_message(exit_).rstrip("\n"))
     lines.append(f"Root cause: {verdict.headline()}.")
-    others = [r for r in sorted(records.values(), key=lambda r: r.time) if r.rank != verdict.rank]
+    others = [r for r in sorted(_failures(records).values(), key=lambda r: r.time) if r.rank != verdict.rank]
     for record in others:
         why = "as a consequence" if record.consequence else "too"
         waited = f" (waiting for {record.waiting_for})" if record.waiting_for else ""

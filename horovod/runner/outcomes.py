@@ -9,6 +9,7 @@ import cloudpickle
 
 from horovod.common.exceptions import HorovodError
 from horovod.runner.run_task import FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE, TaskOutcome
+from horovod.common.failure_records import finished_record
 from horovod.runner.diagnosis import diagnose
 from horovod.runner.supervisor import JobResult, failure_message
 
@@ -68,9 +69,8 @@ def raise_for_outcomes(result: JobResult, outcomes: Mapping[int, TaskOutcome], s
         KeyboardInterrupt: the launcher got SIGINT.
         RuntimeError: a worker died without publishing an outcome.
     """
-    failed = {r: o for r, o in outcomes.items() if o.failed}
-    if failed:
-        _raise_root_cause(result, failed, size)
+    if any(o.failed for o in outcomes.values()):
+        _raise_root_cause(result, outcomes, size)
     if result.interrupted_by is not None:
         raise KeyboardInterrupt(f"horovod.run interrupted by signal {result.interrupted_by}")
     if result.first_failure is not None:
@@ -81,8 +81,10 @@ def raise_for_outcomes(result: JobResult, outcomes: Mapping[int, TaskOutcome], s
     return [outcomes[r].value for r in range(size)]
 
 
-def _raise_root_cause(result: JobResult, failed: Mapping[int, TaskOutcome], size: int) -> None:
-    records = {r: o.record for r, o in failed.items() if o.record is not None}
+def _raise_root_cause(result: JobResult, outcomes: Mapping[int, TaskOutcome], size: int) -> None:
+    failed = {r: o for r, o in outcomes.items() if o.failed}
+    records = [o.record for o in failed.values() if o.record is not None]
+    records += [finished_record(r, 0.0) for r, o in outcomes.items() if not o.failed]  # returned: finished
     verdict = diagnose(result, records)
     note = None
     rank = min(failed)

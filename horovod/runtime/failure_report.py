@@ -3,23 +3,28 @@ rendezvous store (:mod:`horovod.common.failure_records`) before Python prints it
 
 Installed by ``hvd.init()`` in workers that a launcher started (``horovodrun``, ``horovod.run``, the Ray and Spark
 backends: ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` is set), not in elastic workers, whose failures are the elastic driver's
-business. The hook chains to the one it replaces, so the traceback is printed as always. Publishing is bounded by a
-short timeout and never raises: a launcher that is gone only loses the record.
+business. The hook chains to the one it replaces, so the traceback is printed as always. When the program ends
+normally, a "finished" record goes out before ``hvd.shutdown()`` releases the others, so that a rank that ended while
+others still waited for it is named as such. Publishing is bounded by a short timeout and never raises: a launcher
+that is gone only loses the record.
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
+import threading
 from typing import Callable, Optional
 
-from horovod.common.failure_records import SCOPE, describe_exception
+from horovod.common.failure_records import SCOPE, describe_exception, finished_record
 from horovod.common.rendezvous_client import RendezvousClient
 
-__all__ = ["install", "uninstall", "publish_timeout"]
+__all__ = ["install", "uninstall", "finishing", "publish_timeout"]
 
 publish_timeout = 2.0
 _previous: Optional[Callable] = None
 _target: Optional[Callable[[BaseException], None]] = None
+_finish: Optional[Callable[[], None]] = None
 
 
 def _hook(kind, error, tb) -> None:
@@ -34,15 +39,37 @@ def _hook(kind, error, tb) -> None:
 
 def install(rank: int, addr: str, port: int, secret: bytes) -> None:
     """Record this rank's uncaught exception in the store at ``addr:port`` (replacing an earlier target)."""
-    global _previous, _target
+    global _previous, _target, _finish
     client = RendezvousClient(addr, port, secret, timeout=publish_timeout)
     _target = lambda error: client.put(SCOPE, str(rank), describe_exception(rank, error).encode())  # noqa: E731
+    _finish = lambda: client.put(SCOPE, f"{rank}.finished", finished_record(rank).encode())  # noqa: E731
     if sys.excepthook is not _hook:
         _previous = sys.excepthook
         sys.excepthook = _hook
+        _at_main_thread_end(finishing)
+
+
+def _at_main_thread_end(func: Callable[[], None]) -> None:
+    # When the program ends, before the atexit callbacks (hvd.shutdown among them) stop the engine and release the
+    # others: threading's own exit hooks run first. Plain atexit where that hook does not exist.
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        (register or atexit.register)(func)
+    except RuntimeError:  # interpreter already shutting down
+        pass
+
+
+def finishing() -> None:
+    """Record that this rank shuts Horovod down normally (``hvd.shutdown()``, at exit too): if another rank still
+    waits for a collective, the launcher can say that this rank finished while it waited. Never raises."""
+    if _finish is not None and sys.exc_info()[0] is None:
+        try:
+            _finish()
+        except Exception:  # noqa: BLE001 — a launcher that is gone only loses the record
+            pass
 
 
 def uninstall() -> None:
     """Stop recording (the hook stays chained but does nothing)."""
-    global _target
-    _target = None
+    global _target, _finish
+    _target = _finish = None
