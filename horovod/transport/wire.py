@@ -18,6 +18,7 @@ import hmac
 import io
 import os
 import pickle
+import re
 import socket
 import struct
 import time
@@ -39,6 +40,7 @@ class _NoClassUnpickler(pickle.Unpickler):
 
 
 _SCALARS = (str, bytes, int, float, bool, type(None))
+_NON_PLAIN_OPCODES = re.compile(b"[\x8f-\x91\x96-\x98]")   # EMPTY_SET, ADDITEMS, FROZENSET, BYTEARRAY8, *_BUFFER
 _MAX_DEPTH = 32
 
 
@@ -71,7 +73,10 @@ def decode(payload: bytes) -> Any:
         message = _NoClassUnpickler(io.BytesIO(payload)).load()
     except Exception as exc:  # any garbage must become one clear error, never a crash elsewhere
         raise HorovodInternalError(f"garbled control message ({len(payload)} bytes): {exc}") from None
-    if not _plain(message):
+    # Only pickle's set, frozenset, bytearray and buffer opcodes build something other than plain data without
+    # naming a class: look for their bytes first (one regex scan), and walk the message only when one
+    # appears (inside a string or a float too, now and then), so that frames of plain data cost no walk.
+    if _NON_PLAIN_OPCODES.search(payload) is not None and not _plain(message):
         raise HorovodInternalError(f"control message of {len(payload)} bytes holds something other than plain data "
                                    f"({type(message).__name__}); refused")
     return message
