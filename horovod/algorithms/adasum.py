@@ -1,7 +1,8 @@
 """Adasum: combine gradients so that the parallel update behaves like a sequential one.
 
 Two vectors combine as ``(1 - a·b / 2|a|²) a + (1 - a·b / 2|b|²) b`` (coefficient 1 when a squared norm is below
-1e-8), each tensor of a fused buffer on its own, dot products and norms in float64.
+1e-8), each tensor of a fused buffer on its own, dot products and norms summed element by element in float64, in
+index order, as Horovod's ``adasum.h`` does (so float64 results match Horovod's bit for bit).
 
 Over ranks this runs as vector-halving, distance-doubling (VHDD), with Horovod's pairing: at distance 1, 2, 4, ...
 a rank pairs with ``rank XOR distance``; the rank whose ``distance`` bit is clear keeps the first half of its current
@@ -33,11 +34,20 @@ def coefficients(dot: float, anormsq: float, bnormsq: float):
     return ca, cb
 
 
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``sum(a[i] * b[i])`` as Horovod's loop computes it: each product in the tensors' dtype (float32 or float64),
+    accumulated one by one in index order in float64 (``np.dot`` sums in blocks, which changes the last bits)."""
+    if a.size == 0:
+        return 0.0
+    products = a * b if a.dtype in (np.float32, np.float64) else a.astype(np.float64) * b.astype(np.float64)
+    return float(np.add.accumulate(products.astype(np.float64, copy=False))[-1])
+
+
 def combine_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Adasum of two flat vectors (dot products and norms in float64), in ``a``'s dtype."""
     a64 = a.astype(np.float64, copy=False)
     b64 = b.astype(np.float64, copy=False)
-    ca, cb = coefficients(float(np.dot(a64, b64)), float(np.dot(a64, a64)), float(np.dot(b64, b64)))
+    ca, cb = coefficients(_dot(a, b), _dot(a, a), _dot(b, b))
     return (ca * a64 + cb * b64).astype(a.dtype, copy=False)
 
 
@@ -83,9 +93,9 @@ def _combine(group: Group, distance: int, mine: np.ndarray, theirs: np.ndarray, 
     b64 = theirs.astype(np.float64, copy=False)
     for i, (s, e) in enumerate(pieces):
         if e > s:
-            a, b = a64[s - lo:e - lo], b64[s - lo:e - lo]
-            na, nb = float(np.dot(a, a)), float(np.dot(b, b))
-            sums[i] = (float(np.dot(a, b)), na, nb) if left else (float(np.dot(a, b)), nb, na)
+            a, b = mine[s - lo:e - lo], theirs[s - lo:e - lo]
+            na, nb = _dot(a, a), _dot(b, b)
+            sums[i] = (_dot(a, b), na, nb) if left else (_dot(a, b), nb, na)
     incoming = np.empty_like(sums)
     step = 1
     while step <= distance:    # sum over the 2 * distance ranks holding pieces of these vectors
