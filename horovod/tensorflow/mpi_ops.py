@@ -23,6 +23,8 @@ from horovod.runtime import collective_gradients as _grads
 from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.compression import compress_all, decompress_all
+from horovod.runtime.mpi_ops_names import *  # noqa: F401,F403 — Horovod's names here too (init, rank, size, ...)
+from horovod.runtime.mpi_ops_names import _basics  # noqa: F401 — Horovod's mpi_ops._basics
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow._tensors import check_dtype, run_numpy, to_core
 from horovod.tensorflow.compression import Compression
