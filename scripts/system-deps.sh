@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# System packages the multi-host tests need (a real sshd in network namespaces, Open MPI's mpirun, ip): installed once,
+# System packages the multi-host tests need (a real sshd in network namespaces, Open MPI's mpirun and headers for
+# mpi4py, ip): installed once,
 # quietly, only when missing and when we are root (about 20 s on a fresh Debian machine). Without them those tests
 # skip with the reason.
 set -euo pipefail
@@ -7,6 +8,7 @@ need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh >/dev/null || need+=(openssh-client)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
+command -v mpicc >/dev/null || need+=(libopenmpi-dev)   # mpi4py (test extra) builds against it when no wheel fits
 command -v ip >/dev/null || need+=(iproute2)
 if [ "${#need[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
