@@ -7,7 +7,8 @@ travels as its raw ``uint16`` bit pattern with ``dtype="bfloat16"`` so the core 
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+import weakref
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ def check_tensor(tensor, what: str = "tensor") -> torch.Tensor:
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:      # (``is_cpu`` costs a sixth of ``device.type``: this runs per gradient)
         raise ValueError(_GPU_MESSAGE.format(device=tensor.device))
     if tensor.layout != torch.strided:
         raise ValueError(f"{what} has layout {tensor.layout}; sparse tensors go through "
@@ -38,18 +39,42 @@ def check_tensor(tensor, what: str = "tensor") -> torch.Tensor:
 def numpy_view(tensor: torch.Tensor) -> Tuple[np.ndarray, Optional[str]]:
     """A numpy array sharing the memory of a contiguous CPU tensor, and the dtype name to give the core if numpy's
     own would be wrong (``"bfloat16"``), else None."""
-    t = tensor.detach()
-    if t.dtype == torch.bfloat16:
+    t = tensor.detach() if tensor.requires_grad else tensor     # (detach costs half of numpy(); per gradient)
+    dtype = t.dtype
+    if dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
-    if t.is_conj() or t.is_neg():
+    if dtype.is_complex and (t.is_conj() or t.is_neg()):
         t = t.resolve_conj().resolve_neg()
     return t.numpy(), None
 
 
+# Views of contiguous tensors, by tensor object: a training loop hands over the same gradient tensors every step, and
+# ``Tensor.numpy()`` costs several microseconds per call, which is most of the binding's cost per tensor. An entry is
+# used only while its tensor lives (weak reference; the entry goes when the tensor does) and still has the same data
+# pointer, shape and dtype and is contiguous, so ``t.data = ...``, ``set_`` or ``resize_`` make a new view.
+_views: Dict[int, tuple] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _views.get(key)
+    if entry is not None and entry[0] is ref:
+        del _views[key]
+
+
 def as_input(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Optional[str]]:
     """The numpy array to submit for ``tensor``: a view when contiguous, else a view of a contiguous copy."""
+    key = id(tensor)
+    entry = _views.get(key)
+    if (entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr() and entry[2] == tensor.shape
+            and entry[3] == tensor.dtype and tensor.is_contiguous()):
+        return entry[4], entry[5]
     check_tensor(tensor, what)
-    return numpy_view(tensor.contiguous())
+    if not tensor.is_contiguous():
+        return numpy_view(tensor.contiguous())
+    view, dtype = numpy_view(tensor)
+    ref = weakref.ref(tensor, lambda r, k=key: _forget(k, r))
+    _views[key] = (ref, tensor.data_ptr(), tensor.shape, tensor.dtype, view, dtype)
+    return view, dtype
 
 
 def as_output(tensor: torch.Tensor) -> Tuple[np.ndarray, Callable[[object], torch.Tensor]]:

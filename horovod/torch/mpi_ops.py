@@ -9,7 +9,6 @@ The differentiable synchronous ops live in :mod:`horovod.torch.autograd`.
 from __future__ import annotations
 
 import itertools
-import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -26,13 +25,11 @@ __all__ = ["poll", "synchronize", "allreduce_async", "allreduce_async_", "allred
 
 _handle_map: Dict[int, Tuple[Any, Callable[[Any], Any]]] = {}
 _handle_ids = itertools.count()
-_handle_lock = threading.Lock()
 
 
 def _register(core_handle, finish: Callable[[Any], Any]) -> int:
-    with _handle_lock:
-        handle = next(_handle_ids)
-        _handle_map[handle] = (core_handle, finish)
+    handle = next(_handle_ids)       # (atomic under the GIL, as the dict operations here: no lock per tensor)
+    _handle_map[handle] = (core_handle, finish)
     return handle
 
 
@@ -42,8 +39,7 @@ def poll(handle: int) -> bool:
     Raises:
         ValueError: ``handle`` is not a pending handle.
     """
-    with _handle_lock:
-        entry = _handle_map.get(handle)
+    entry = _handle_map.get(handle)
     if entry is None:
         raise ValueError(f"poll: unknown handle {handle!r} (already synchronized, or never returned by an *_async op)")
     return entry[0].done()
@@ -57,8 +53,7 @@ def synchronize(handle: int):
         HorovodInternalError: the job broke (a peer died, Horovod shut down).
         TensorMismatchError: ranks disagreed on the tensor's shape, dtype, op or root (a RuntimeError).
     """
-    with _handle_lock:
-        entry = _handle_map.pop(handle, None)
+    entry = _handle_map.pop(handle, None)
     if entry is None:
         return None
     core_handle, finish = entry
@@ -69,7 +64,10 @@ def synchronize(handle: int):
 
 def _allreduce_into(tensor, output, name, op, average, prescale_factor, postscale_factor, process_set) -> int:
     source, dtype = as_input(tensor)
-    out_view, finish = as_output(output)
+    if output is tensor and tensor.is_contiguous():     # in place: the input's view is the output's (per gradient)
+        out_view, finish = source, lambda _result: tensor
+    else:
+        out_view, finish = as_output(output)
     core = _c.allreduce_async(source, name=name, op=op, average=average, prescale_factor=prescale_factor,
                               postscale_factor=postscale_factor, process_set=process_set,
                               output=out_view, dtype=dtype)
