@@ -17,6 +17,7 @@ from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.compression import compress_all
 from horovod.runtime.process_sets import ProcessSet, global_process_set
+from horovod.torch import async_optimizers as _async
 from horovod.torch import mpi_ops as _ops
 from horovod.torch.compression import Compression
 
@@ -201,7 +202,8 @@ class _DistributedOptimizer:
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step: int = 1, op: int = _c.Average,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
-                         sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set):
+                         sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
+                         staleness: int = 0):
     """Wrap ``optimizer`` so that each step uses gradients reduced over the ranks of ``process_set``.
 
     The result is an instance of a subclass of the optimizer's class, sharing its parameter groups and state.
@@ -217,10 +219,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         groups: an int n (split the parameters into n fused groups) or a list of lists of parameters.
         sparse_as_dense: allreduce sparse gradients as dense tensors.
         process_set: the ranks that average their gradients.
+        staleness: s > 0 applies the gradients averaged s steps earlier, so their allreduce overlaps the next
+            steps (docs/async.md; compression and named_parameters only).
     Raises:
         ValueError: ``gradient_predivide_factor`` with an op other than Average, ``backward_passes_per_step`` < 1,
             badly formed ``named_parameters`` or ``groups``.
     """
+    if staleness:
+        return _async.stale_optimizer(optimizer, named_parameters, compression, staleness, op, process_set, {
+            k for k, v in [("backward_passes_per_step", backward_passes_per_step != 1), ("groups", groups),
+                           ("gradient_predivide_factor", gradient_predivide_factor != 1.0), ("num_groups", num_groups),
+                           ("sparse_as_dense", sparse_as_dense)] if v})
     groups = _policy.check_optimizer_arguments(op, gradient_predivide_factor, backward_passes_per_step, groups,
                                                num_groups, what="torch.Tensor")
     base = optimizer.__class__
