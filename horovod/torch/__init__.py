@@ -20,6 +20,8 @@ from horovod.torch.mpi_ops import (allgather_async, allreduce_, allreduce_async,
                                    reducescatter_async, sparse_allreduce_async, synchronize)
 from horovod.torch.optimizer import DistributedOptimizer
 from horovod.torch.sync_batch_norm import SyncBatchNorm
+from horovod.runtime.gossip import gossip_process_sets  # noqa: E402
+from horovod.torch.async_optimizers import GossipOptimizer, LocalSGDOptimizer, OuterOptimizer  # docs/async.md
 from horovod.torch import elastic  # noqa: E402 — hvd.elastic, as in Horovod
 
 __all__ = binding_api.__all__ + [
@@ -33,3 +35,4 @@ __all__ = binding_api.__all__ + [
     # training
     "Compression", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "SyncBatchNorm",
 ]
+__all__ += ["LocalSGDOptimizer", "OuterOptimizer", "GossipOptimizer", "gossip_process_sets"]
