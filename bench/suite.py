@@ -2,7 +2,8 @@
 
     python bench/suite.py [--np 2] [--max-mib 256] [--seconds 0.5] [--rounds 2] [--out bench/results] [--no-e2e]
 
-Runs, for each implementation (horovod-py; torch.distributed with Gloo; mpi4py over Open MPI when ``mpirun`` and
+Runs, for each implementation (horovod-py through ``horovod.numpy``, and through ``horovod.torch`` as
+``horovod-py-torch``; torch.distributed with Gloo; mpi4py over Open MPI when ``mpirun`` and
 ``mpi4py`` are installed — on Debian: ``apt-get install openmpi-bin libopenmpi-dev`` then ``pip install mpi4py``):
 allreduce latency and bus bandwidth from 4 B up to ``--max-mib``, allgather and broadcast bandwidth, and the
 "200 × 4 KiB allreduces, one step" figure; then (unless ``--no-e2e``) the end-to-end synthetic benchmark against
@@ -38,11 +39,15 @@ def _env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
 
 
-def run_horovod(plan, np_):
+def run_horovod(plan, np_, binding="horovod"):
     cmd = [sys.executable, "-m", "horovod.runner", "-np", str(np_), sys.executable,
-           os.path.join(HERE, "workers.py"), "horovod", json.dumps(plan)]
+           os.path.join(HERE, "workers.py"), binding, json.dumps(plan)]
     subprocess.run(cmd, check=True, env=_env(), timeout=3600)
     return json.load(open(plan["out"]))
+
+
+def run_horovod_torch(plan, np_):
+    return run_horovod(plan, np_, binding="horovod-torch")
 
 
 def run_gloo(plan, np_):
@@ -87,36 +92,45 @@ def human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+def _pairs(impls):
+    """The ratios the targets are stated in: horovod-py over every other implementation, and horovod-py through
+    torch over every peer (numpy/torch shows the binding's own cost)."""
+    ours = [i for i in impls if i.startswith("horovod-py")]
+    pairs = [(ours[0], other) for other in impls if other != ours[0]]
+    return pairs + [(o, p) for o in ours[1:] for p in impls if p not in ours]
+
+
 def tables(results, np_):
     impls = list(results)
+    pairs = _pairs(impls)
     lines = []
     for op in ["allreduce", "allgather", "broadcast"]:
         if not any(r["op"] == op for r in results[impls[0]]):
             continue
         lines.append(f"\n### {op}, float32, {np_} ranks: time per op and bus bandwidth (GB/s)\n")
         lines.append("| size | " + " | ".join(f"{i} time | {i} busbw" for i in impls) +
-                     (" | busbw horovod-py / " + " | busbw horovod-py / ".join(impls[1:]) if len(impls) > 1 else "")
-                     + " |")
-        lines.append("|" + "---|" * (1 + 2 * len(impls) + len(impls) - 1))
+                     "".join(f" | busbw {a} / {b}" for a, b in pairs) + " |")
+        lines.append("|" + "---|" * (1 + 2 * len(impls) + len(pairs)))
         rows = {i: [r for r in results[i] if r["op"] == op] for i in impls}
         for k, base in enumerate(rows[impls[0]]):
             cells = [human(base["bytes"])]
-            bws = []
+            bws = {}
             for i in impls:
                 r = rows[i][k]
-                bw = busbw(op, r["bytes"], r["seconds"], np_)
-                bws.append(bw)
-                cells += [f"{r['seconds'] * 1e6:.0f} us", f"{bw:.3f}"]
-            cells += [f"{bws[0] / b:.2f}x" for b in bws[1:]]
+                bws[i] = busbw(op, r["bytes"], r["seconds"], np_)
+                cells += [f"{r['seconds'] * 1e6:.0f} us", f"{bws[i]:.3f}"]
+            cells += [f"{bws[a] / bws[b]:.2f}x" for a, b in pairs]
             lines.append("| " + " | ".join(cells) + " |")
     steps = {i: r["seconds"] for i in impls for r in results[i] if r["op"] == "step"}
     if len(steps) == len(impls):
+        ours = [i for i in impls if i.startswith("horovod-py")]
         lines.append(f"\n### {workers.STEP_TENSORS} × {workers.STEP_BYTES // 1024} KiB allreduces, one step, "
                      f"{np_} ranks\n")
-        lines.append("| implementation | step time | speed-up of horovod-py |")
-        lines.append("|---|---|---|")
+        lines.append("| implementation | step time | " + " | ".join(f"speed-up of {o}" for o in ours) + " |")
+        lines.append("|---|---|" + "---|" * len(ours))
         for i in impls:
-            lines.append(f"| {i} | {steps[i] * 1e3:.2f} ms | {steps[i] / steps[impls[0]]:.2f}x |")
+            lines.append(f"| {i} | {steps[i] * 1e3:.2f} ms | " +
+                         " | ".join(f"{steps[i] / steps[o]:.2f}x" for o in ours) + " |")
     return "\n".join(lines)
 
 
@@ -163,7 +177,7 @@ def main() -> None:
                              "time: a shared machine's slow phases then hit every implementation alike")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    runners = {"horovod-py": run_horovod, "torch-gloo": run_gloo}
+    runners = {"horovod-py": run_horovod, "horovod-py-torch": run_horovod_torch, "torch-gloo": run_gloo}
     if mpi_available():
         runners["mpi4py-openmpi"] = run_mpi
     else:

@@ -94,6 +94,41 @@ def horovod(plan) -> None:
     hvd.shutdown()
 
 
+def horovod_torch(plan) -> None:
+    """The same plan through ``horovod.torch`` (what torch users call): tensors, integer handles, ``synchronize``."""
+    import torch
+    import horovod.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+
+    def ops_for(op, nbytes):
+        count = max(1, nbytes // 4)
+        if op == "allreduce":
+            buf = torch.ones(count)
+            return lambda: hvd.allreduce_(buf, op=hvd.Average, name="ar")
+        if op == "allgather":
+            buf = torch.ones(max(1, count // size))
+            return lambda: hvd.allgather(buf, name="ag")
+        if op == "broadcast":
+            buf = torch.ones(count)
+            return lambda: hvd.broadcast_(buf, 0, name="bc")
+        bufs = [torch.ones(count) for _ in range(STEP_TENSORS)]
+
+        def step():
+            handles = [hvd.allreduce_async_(b, op=hvd.Average, name=f"g{i}") for i, b in enumerate(bufs)]
+            for h in handles:
+                hvd.synchronize(h)
+        return step
+
+    rows = _plan(plan, ops_for, lambda n: int(hvd.broadcast(torch.tensor([n]), 0, name="iters")[0]),
+                 lambda t: float(hvd.allreduce(torch.tensor([t], dtype=torch.float64), op=hvd.Max, name="slowest")[0]),
+                 rank, size)
+    if rank == 0:
+        json.dump(rows, open(plan["out"], "w"))
+    hvd.shutdown()
+
+
 def gloo(rank: int, size: int, port: int, plan, addr: str = "127.0.0.1") -> None:
     import torch
     import torch.distributed as dist
@@ -172,4 +207,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "gloo":   # gloo PLAN RANK SIZE ADDR PORT: one rank started by hand (bench/crosshost.py)
         gloo(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[6]), spec, addr=sys.argv[5])
     else:
-        {"horovod": horovod, "mpi": mpi}[sys.argv[1]](spec)
+        {"horovod": horovod, "horovod-torch": horovod_torch, "mpi": mpi}[sys.argv[1]](spec)
