@@ -20,6 +20,7 @@ from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.gradients import GradientReducer, check_arguments, local_layer_variables
+from horovod.tensorflow.keras import async_optimizers as _async
 
 
 class _DistributedOptimizer:
@@ -147,7 +148,7 @@ def _hvd_args(name, compression, sparse_as_dense, gradient_predivide_factor, op,
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=_c.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True):
+                         process_set=global_process_set, scale_local_gradients=True, staleness=0):
     """Wrap a Keras 3 optimizer so that it applies gradients reduced over the ranks of ``process_set``.
 
     Args:
@@ -165,12 +166,18 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         process_set: the ranks that reduce their gradients.
         scale_local_gradients: divide the gradients of variables registered with ``register_local_var`` by the
             set's size.
+        staleness: s > 0 applies the gradients averaged s steps earlier, so their allreduce overlaps the next
+            steps (docs/async.md; compression only).
     Raises:
         ValueError: not a Keras optimizer, ``gradient_predivide_factor`` with an op other than Average,
             ``backward_passes_per_step`` < 1, or malformed ``groups``.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"DistributedOptimizer needs a keras.optimizers.Optimizer, not {type(optimizer).__name__}")
+    if staleness:
+        return _async.stale_optimizer(optimizer, compression, staleness, op, process_set, {k for k, v in [
+            ("backward_passes_per_step", backward_passes_per_step != 1), ("groups", groups or num_groups),
+            ("gradient_predivide_factor", gradient_predivide_factor != 1.0)] if v})
     args = _hvd_args(name, compression, sparse_as_dense, gradient_predivide_factor, op, backward_passes_per_step,
                      average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients)
     cls = wrap_optimizer_class(type(optimizer))
