@@ -84,6 +84,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     return model
 
 
+from horovod.runtime.gossip import gossip_process_sets  # noqa: E402
+from horovod.tensorflow.keras.async_optimizers import GossipOptimizer, LocalSGDOptimizer, OuterOptimizer  # noqa: E402
 from horovod.tensorflow.keras import elastic  # noqa: E402  (needs the names above)
 
 __all__ = binding_api.__all__ + [
@@ -92,3 +94,4 @@ __all__ = binding_api.__all__ + [
     "broadcast_variables", "broadcast_object", "allgather_object", "allreduce", "allgather", "broadcast",
     "reducescatter", "load_model", "callbacks", "elastic",
 ]
+__all__ += ["LocalSGDOptimizer", "OuterOptimizer", "GossipOptimizer", "gossip_process_sets"]
