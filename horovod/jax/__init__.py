@@ -51,3 +51,5 @@ __all__ = [
     "Compression", "DistributedOptimizer", "allreduce_gradients", "broadcast_parameters",
     "broadcast_optimizer_state", "elastic",
 ]
+from horovod.jax.async_optimizers import GossipOptimizer, LocalSGDOptimizer, OuterOptimizer, StaleGradients  # noqa
+__all__ += ["LocalSGDOptimizer", "OuterOptimizer", "GossipOptimizer", "StaleGradients"]
