@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 
 from horovod import timeline as _timeline
 from horovod.common import config as _config
+from horovod.common.util import ccl_built, ddl_built, gloo_built, mpi_built, nccl_built
 from horovod.common.exceptions import HorovodInternalError
 from horovod.core.bootstrap import connect
 from horovod.core.engine import Engine
@@ -191,34 +192,14 @@ def mpi_enabled() -> bool:
     return False
 
 
-def mpi_built() -> bool:
-    """False: this build has no MPI."""
-    return False
-
 
 def gloo_enabled() -> bool:
     """Our TCP/shared-memory controller plays the role of Horovod's Gloo controller."""
     return True
 
 
-def gloo_built() -> bool:
-    """True: the TCP/shared-memory controller stands in for Gloo."""
-    return True
 
 
-def nccl_built() -> int:
-    """0: no NCCL (CPU only)."""
-    return 0
-
-
-def ddl_built() -> bool:
-    """False: no IBM DDL."""
-    return False
-
-
-def ccl_built() -> bool:
-    """False: no oneCCL."""
-    return False
 
 
 def cuda_built() -> bool:
