@@ -1,41 +1,191 @@
-"""Autotune (``HOROVOD_AUTOTUNE=1``): pick the fusion threshold and cycle time that move the most bytes per second.
+"""Autotune (``HOROVOD_AUTOTUNE=1``): Bayesian optimisation of the fusion threshold and cycle time, on rank 0.
 
 Both knobs only matter on rank 0 here: rank 0 coordinates the global set (so it plans fusion) and starts every
 cycle (so it applies the cycle time), which lets the tuner run on rank 0 alone without telling the other ranks.
+(The response cache and hierarchical allreduce must switch on every rank in the same cycle, so the engine keeps
+them as configured; :class:`BayesianSearch` models categorical settings like them, and the log records them.)
 
-The search is a fixed list of candidates rather than Horovod's Gaussian-process Bayesian optimisation: Horovod's four
-seed points, then a coarse grid around the best so far, at most ``HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` candidates.
-Each candidate is scored by bytes allreduced per second over ``HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE`` cycles that carried
-allreduces, after ``HOROVOD_AUTOTUNE_WARMUP_SAMPLES`` discarded samples; the median of a candidate's samples counts.
-Settings given explicitly (``HOROVOD_FUSION_THRESHOLD``, ``HOROVOD_CYCLE_TIME``) stay fixed, as in Horovod. The log
-(``HOROVOD_AUTOTUNE_LOG``) is Horovod's CSV, one row per candidate, the last row the chosen one.
+:class:`BayesianSearch` makes the decisions, pure and without a clock: Horovod's four seed points first, then a
+Gaussian process (scikit-learn's ``GaussianProcessRegressor``: Matern 5/2 with one length scale per setting plus white
+noise sized by ``HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE``, targets normalised) fitted to every score so far, and next
+the candidate with the largest expected improvement over the best predicted score. Candidates are a fixed seeded set
+(a grid and random points), so the same scores make the same decisions. It settles when
+``HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` candidates were scored or, after at least six, when no untried candidate is
+expected to improve on the best predicted score by 1 %; it keeps the tried point with the highest predicted score
+(the model averages out noisy samples) rather than the luckiest sample.
+
+:class:`Autotuner` feeds it: each candidate is scored by bytes allreduced per second over
+``HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE`` cycles that carried allreduces, after ``HOROVOD_AUTOTUNE_WARMUP_SAMPLES``
+discarded samples; the median of a candidate's samples counts. Settings given explicitly (``HOROVOD_FUSION_THRESHOLD``,
+``HOROVOD_CYCLE_TIME``) stay fixed, as in Horovod. The log (``HOROVOD_AUTOTUNE_LOG``) is Horovod's CSV, one row per
+candidate and the chosen one last, with a ``note`` column saying why each point was tried and why the search settled
+(the same sentences go to the ``horovod.autotune`` logger at INFO).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 import statistics
 import time
-from typing import Callable, List, Optional, Tuple
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["MIB", "SEEDS", "SAMPLES_PER_CANDIDATE", "CSV_HEADER", "candidates", "Autotuner"]
+import numpy as np
+
+__all__ = ["MIB", "SEEDS", "SAMPLES_PER_CANDIDATE", "CSV_HEADER", "FUSION", "CYCLE", "Dimension", "Decision",
+           "BayesianSearch", "Autotuner"]
 
 MIB = 1024 * 1024
 SEEDS: Tuple[Tuple[float, float], ...] = ((4, 5), (32, 50), (16, 25), (8, 10))   # (fusion MiB, cycle ms)
 SAMPLES_PER_CANDIDATE = 3
 CSV_HEADER = ("hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cache_enabled,cycle_time_ms,"
-              "tensor_fusion_threshold,score")
+              "tensor_fusion_threshold,score,note")
+
+_log = logging.getLogger("horovod.autotune")
 
 
-def candidates(limit: int, best: Optional[Tuple[float, float]] = None) -> List[Tuple[float, float]]:
-    """The candidates to try: the seeds, then neighbours of ``best`` on a coarse grid (fusion × 2^k, cycle × 2^k)."""
-    points = list(SEEDS)
-    if best is not None:
-        fusion, cycle = best
-        for f, c in ((fusion * 2, cycle), (fusion / 2, cycle), (fusion, cycle * 2), (fusion, cycle / 2)):
-            point = (min(64.0, max(0.0, f)), min(100.0, max(1.0, c)))
-            if point not in points:
-                points.append(point)
-    return points[:max(1, limit)]
+@dataclasses.dataclass(frozen=True)
+class Dimension:
+    """One tuned setting: ``low``..``high`` (``log``: on a log scale of ``value + offset``) or ``choices``."""
+
+    name: str
+    low: float = 0.0
+    high: float = 1.0
+    log: bool = False
+    offset: float = 0.0
+    choices: Tuple = ()
+
+    def to_unit(self, value) -> float:
+        """``value`` mapped to [0, 1]."""
+        if self.choices:
+            return self.choices.index(value) / max(1, len(self.choices) - 1)
+        if self.log:
+            lo, hi = math.log(self.low + self.offset), math.log(self.high + self.offset)
+            return (math.log(value + self.offset) - lo) / (hi - lo)
+        return (value - self.low) / (self.high - self.low)
+
+    def from_unit(self, unit: float):
+        """The setting at ``unit`` in [0, 1] (categorical: the nearest choice)."""
+        unit = min(1.0, max(0.0, unit))
+        if self.choices:
+            return self.choices[int(round(unit * (len(self.choices) - 1)))]
+        if self.log:
+            lo, hi = math.log(self.low + self.offset), math.log(self.high + self.offset)
+            return math.exp(lo + unit * (hi - lo)) - self.offset
+        return self.low + unit * (self.high - self.low)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What the search does next: try ``point`` (or, when ``settled``, keep it), and why."""
+
+    point: Dict[str, object]
+    settled: bool
+    reason: str
+
+
+class BayesianSearch:
+    """Suggests settings to score, models the scores with a Gaussian process, and settles on the best."""
+
+    def __init__(self, dims: Sequence[Dimension], seeds: Sequence[Dict[str, object]], max_samples: int,
+                 noise: float = 0.8, min_samples: int = 6, settle_fraction: float = 0.01, candidates: int = 256,
+                 seed: int = 0):
+        self.dims = list(dims)
+        self.max_samples = max(1, max_samples)
+        self.noise = noise
+        self.min_samples = min_samples
+        self.settle_fraction = settle_fraction
+        self._seeds = [{d.name: s[d.name] for d in self.dims} for s in seeds][:self.max_samples]
+        self._candidates = self._make_candidates(candidates, seed)
+        self.tried: List[Tuple[Dict[str, object], float]] = []
+
+    # -- points ------------------------------------------------------------------------------------------------------
+
+    def _unit(self, point: Dict[str, object]) -> np.ndarray:
+        return np.array([d.to_unit(point[d.name]) for d in self.dims], dtype=np.float64)
+
+    def _make_candidates(self, count: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        steps = [np.linspace(0, 1, len(d.choices) if d.choices else 9) for d in self.dims]
+        grid = np.array(np.meshgrid(*steps)).reshape(len(self.dims), -1).T if self.dims else np.zeros((1, 0))
+        randoms = rng.random((count, len(self.dims)))
+        for i, d in enumerate(self.dims):       # categorical dimensions take their exact positions
+            if d.choices:
+                k = max(1, len(d.choices) - 1)
+                randoms[:, i] = np.round(randoms[:, i] * k) / k
+        return np.unique(np.vstack([grid, randoms]), axis=0)
+
+    def _point(self, unit: np.ndarray) -> Dict[str, object]:
+        return {d.name: d.from_unit(float(u)) for d, u in zip(self.dims, unit)}
+
+    # -- the model ---------------------------------------------------------------------------------------------------
+
+    def _fit(self):
+        from sklearn.gaussian_process import GaussianProcessRegressor   # heavy: only when autotune runs
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+        x = np.array([self._unit(p) for p, _ in self.tried])
+        y = np.array([s for _, s in self.tried], dtype=np.float64)
+        kernel = (ConstantKernel(1.0, (1e-2, 1e2)) * Matern([0.3] * len(self.dims), (0.03, 10.0), nu=2.5)
+                  + WhiteKernel(max(1e-4, 0.1 * self.noise), (1e-6, 1.0)))
+        model = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=1, random_state=0)
+        with warnings.catch_warnings():     # length scales at their bounds are expected on flat or tiny data
+            warnings.simplefilter("ignore")
+            model.fit(x, y)
+        return model
+
+    @staticmethod
+    def _expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
+        from scipy.stats import norm
+        std = np.maximum(std, 1e-12)
+        z = (mean - best) / std
+        return (mean - best) * norm.cdf(z) + std * norm.pdf(z)
+
+    # -- decisions ---------------------------------------------------------------------------------------------------
+
+    def observe(self, point: Dict[str, object], score: float) -> None:
+        """Record the score of a point this search suggested."""
+        self.tried.append((dict(point), float(score)))
+
+    def next(self) -> Decision:
+        """The next point to score, or the point to keep once settled."""
+        n = len(self.tried)
+        if n < len(self._seeds):
+            return Decision(self._seeds[n], False, f"seed {n + 1} of {len(self._seeds)}")
+        if not self.dims:
+            return self._settle("nothing to tune: every setting is fixed")
+        model = self._fit()
+        seen = np.array([self._unit(p) for p, _ in self.tried])
+        best_mean = float(np.max(model.predict(seen)))
+        if n >= self.max_samples:
+            return self._settle(f"the budget of {self.max_samples} samples is spent", model, seen)
+        mean, std = model.predict(self._candidates, return_std=True)
+        improvement = self._expected_improvement(mean, std, best_mean)
+        fresh = np.abs(self._candidates[:, None, :] - seen[None, :, :]).max(axis=2).min(axis=1) > 1e-9
+        improvement = np.where(fresh, improvement, -1.0)
+        k = int(np.argmax(improvement))
+        if n >= self.min_samples and improvement[k] < self.settle_fraction * abs(best_mean):
+            return self._settle(f"no untried point is expected to improve on the best predicted score "
+                                f"{best_mean:.4g} by {self.settle_fraction:.0%} (at most {improvement[k]:.3g})",
+                                model, seen)
+        return Decision(self._point(self._candidates[k]), False,
+                        f"largest expected improvement {improvement[k]:.3g} (predicted {mean[k]:.4g} "
+                        f"+- {std[k]:.3g}, best predicted so far {best_mean:.4g})")
+
+    def _settle(self, why: str, model=None, seen: Optional[np.ndarray] = None) -> Decision:
+        if model is None:
+            point, score = max(self.tried, key=lambda t: t[1])
+            return Decision(point, True, f"settled: {why}; keeping the best score {score:.4g}")
+        predicted = model.predict(seen)
+        k = int(np.argmax(predicted))
+        return Decision(self.tried[k][0], True, f"settled: {why}; keeping the tried point with the highest "
+                                                f"predicted score {predicted[k]:.4g} (measured {self.tried[k][1]:.4g})")
+
+
+# The tuned settings: fusion threshold 0-64 MiB (log scale of MiB + 1), cycle time 1-100 ms (log scale).
+FUSION = Dimension("fusion_mb", 0.0, 64.0, log=True, offset=1.0)
+CYCLE = Dimension("cycle_ms", 1.0, 100.0, log=True)
 
 
 class Autotuner:
@@ -46,29 +196,38 @@ class Autotuner:
         self.clock = clock
         self.steps_per_sample = max(1, config.autotune_steps_per_sample)
         self.warmup = config.autotune_warmup_samples
-        self.limit = max(1, config.autotune_bayes_opt_max_samples)
         self.log_path = config.autotune_log
         self.cache_enabled = config.cache_capacity > 0
         self.hierarchical = bool(config.hierarchical_allreduce)
         self.fixed_fusion = config.fusion_threshold if config.is_explicit("HOROVOD_FUSION_THRESHOLD") else None
         self.fixed_cycle = config.cycle_time if config.is_explicit("HOROVOD_CYCLE_TIME") else None
-        self._queue = candidates(self.limit)
-        self._tried: List[Tuple[Tuple[float, float], float]] = []
+        dims = [d for d, fixed in ((FUSION, self.fixed_fusion), (CYCLE, self.fixed_cycle)) if fixed is None]
+        self.search = BayesianSearch(dims, [{"fusion_mb": f, "cycle_ms": c} for f, c in SEEDS],
+                                     config.autotune_bayes_opt_max_samples, noise=config.autotune_gaussian_process_noise)
         self._scores: List[float] = []
         self._cycles = 0
         self._bytes = 0
         self._start: Optional[float] = None
-        self._expanded = False
         self.done = False
         self._log_rows: List[str] = []
-        self._set(self._queue[0])
+        self._decide()
 
-    def _set(self, point: Tuple[float, float]) -> None:
-        fusion_mb, cycle_ms = point
-        fusion = self.fixed_fusion if self.fixed_fusion is not None else int(fusion_mb * MIB)
-        cycle = self.fixed_cycle if self.fixed_cycle is not None else cycle_ms
+    def _decide(self) -> None:
+        decision = self.search.next()
+        self._point = decision.point
+        fusion_mb = decision.point.get("fusion_mb", SEEDS[0][0])
+        cycle_ms = decision.point.get("cycle_ms", SEEDS[0][1])
+        fusion = self.fixed_fusion if self.fixed_fusion is not None else int(round(fusion_mb * MIB))
+        cycle = self.fixed_cycle if self.fixed_cycle is not None else round(cycle_ms, 3)
         self.current = (fusion / MIB, cycle)
         self.apply(fusion, cycle)
+        self._reason = decision.reason
+        _log.info("autotune: %s %.3g MiB, %.3g ms: %s", "keeps" if decision.settled else "tries",
+                  self.current[0], cycle, decision.reason)
+        if decision.settled:
+            best = max((s for p, s in self.search.tried if p == decision.point), default=0.0)
+            self._log(self.current, best, decision.reason)
+            self.done = True
 
     def record(self, nbytes: int) -> None:
         """Account one cycle that allreduced ``nbytes`` (cycles without allreduces are ignored)."""
@@ -89,35 +248,17 @@ class Autotuner:
             return
         self._scores.append(score)
         if len(self._scores) >= SAMPLES_PER_CANDIDATE:
-            self._finish_candidate(statistics.median(self._scores))
+            score = statistics.median(self._scores)
+            self._scores = []
+            self.search.observe(self._point, score)
+            self._log(self.current, score, self._reason)
+            self._decide()
 
-    def _finish_candidate(self, score: float) -> None:
-        point = self._queue.pop(0)
-        self._tried.append((point, score))
-        self._log(self.current, score)
-        self._scores = []
-        if not self._queue and not self._expanded:
-            self._expanded = True
-            best = max(self._tried, key=lambda t: t[1])[0]
-            tried = {p for p, _ in self._tried}
-            self._queue = [p for p in candidates(self.limit + 4, best) if p not in tried][:max(0, self.limit -
-                                                                                            len(self._tried))]
-        if self._queue:
-            self._set(self._queue[0])
-            return
-        best_point, best_score = max(self._tried, key=lambda t: t[1])
-        self._set(best_point)
-        self._log(self.current, best_score)
-        self.done = True
-        self._write()
-
-    def _log(self, point: Tuple[float, float], score: float) -> None:
+    def _log(self, point: Tuple[float, float], score: float, note: str) -> None:
         fusion_mb, cycle_ms = point
+        note = note.replace('"', "'")
         self._log_rows.append(f"{int(self.hierarchical)},0,0,{int(self.cache_enabled)},{cycle_ms:g},"
-                              f"{int(fusion_mb * MIB)},{score:.1f}")
-        self._write()
-
-    def _write(self) -> None:
+                              f"{int(round(fusion_mb * MIB))},{score:.1f},\"{note}\"")
         if self.log_path:
             with open(self.log_path, "w") as handle:
                 handle.write("\n".join([CSV_HEADER] + self._log_rows) + "\n")

@@ -1,31 +1,89 @@
-"""Autotune: the candidate search (pure, fake clock) and a real 2-rank job that tunes while staying correct."""
+"""Autotune: the Bayesian search's decisions on fake objectives (pure, no processes, fake clock) and a real 2-rank
+job that tunes while staying correct."""
+
+import csv
+import math
+import random
 
 import pytest
 
-from horovod.autotune import CSV_HEADER, MIB, SEEDS, Autotuner
+from horovod.autotune import CSV_HEADER, CYCLE, FUSION, MIB, SEEDS, Autotuner, BayesianSearch, Dimension
 from horovod.common.config import load_config
 from horovod.testing import spawn_ranks
 
 
+def _throughput(fusion_mb, cycle_ms, cache=1):
+    """A fake objective: throughput peaks at 24 MiB and 3 ms, falls off smoothly, and the cache adds 10 %."""
+    f = math.log2(fusion_mb + 1) - math.log2(25)
+    c = math.log2(cycle_ms) - math.log2(3)
+    return 1000.0 * math.exp(-0.08 * f * f - 0.12 * c * c) * (1.1 if cache else 1.0)
+
+
+GRID = [(f, c) for f in (0, 1, 2, 4, 8, 16, 32, 64) for c in (1, 2.5, 5, 10, 25, 50, 100)]
+
+
+def _drive(search, noise=0.03, seed=1):
+    rng = random.Random(seed)
+    decisions = []
+    while True:
+        decision = search.next()
+        decisions.append(decision)
+        if decision.settled:
+            return decisions
+        p = decision.point
+        search.observe(p, _throughput(p["fusion_mb"], p["cycle_ms"], p.get("cache", 1)) * (1 + rng.gauss(0, noise)))
+
+
 @pytest.mark.unit
-def test_search_tries_seeds_then_neighbours_and_keeps_the_best(tmp_path):
+def test_bayesian_search_beats_the_grid_on_a_fake_objective():
+    search = BayesianSearch([FUSION, CYCLE], [{"fusion_mb": f, "cycle_ms": c} for f, c in SEEDS], max_samples=20)
+    decisions = _drive(search)
+    assert [tuple(d.point.values()) for d in decisions[:4]] == [(float(f), float(c)) for f, c in SEEDS]
+    assert all(d.reason.startswith("seed") for d in decisions[:4])
+    assert all("expected improvement" in d.reason for d in decisions[4:-1])
+    assert len(search.tried) <= 20 and decisions[-1].reason.startswith("settled")
+    kept = decisions[-1].point
+    best_grid = max(_throughput(f, c) for f, c in GRID)
+    assert _throughput(kept["fusion_mb"], kept["cycle_ms"]) >= 0.95 * best_grid, (kept, search.tried)
+    again = _drive(BayesianSearch([FUSION, CYCLE], [{"fusion_mb": f, "cycle_ms": c} for f, c in SEEDS], 20))
+    assert [d.point for d in again] == [d.point for d in decisions]    # same scores, same decisions
+
+
+@pytest.mark.unit
+def test_bayesian_search_settles_early_on_a_flat_objective():
+    search = BayesianSearch([FUSION, CYCLE], [{"fusion_mb": f, "cycle_ms": c} for f, c in SEEDS], max_samples=30)
+    while not (decision := search.next()).settled:
+        search.observe(decision.point, 500.0)
+    assert len(search.tried) < 30 and "expected to improve" in decision.reason
+
+
+@pytest.mark.unit
+def test_bayesian_search_over_a_categorical_setting():
+    cache = Dimension("cache", choices=(0, 1))
+    seeds = [{"fusion_mb": f, "cycle_ms": c, "cache": 0} for f, c in SEEDS]
+    decisions = _drive(BayesianSearch([FUSION, CYCLE, cache], seeds, max_samples=20))
+    assert decisions[-1].point["cache"] == 1
+
+
+@pytest.mark.unit
+def test_autotuner_logs_each_try_and_why_it_settled(tmp_path):
     log = tmp_path / "autotune.csv"
     config = load_config({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
                           "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
-                          "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"})
+                          "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "8"})
     now = [0.0]
     applied = []
     tuner = Autotuner(config, lambda fusion, cycle: applied.append((fusion, cycle)), clock=lambda: now[0])
-    # Pretend throughput peaks at 16 MiB fusion: cycles take less time the closer the threshold is to it.
-    while not tuner.done:
-        fusion_mb = tuner.current[0]
-        now[0] += 0.001 * (1 + abs(fusion_mb - 16) / 16)
+    while not tuner.done:     # one cycle moves 1 MiB in a time set by the fake objective
+        now[0] += (1 << 20) / _throughput(*tuner.current) / 1000
         tuner.record(1 << 20)
     assert applied[0] == (SEEDS[0][0] * MIB, SEEDS[0][1])
-    assert tuner.current[0] == 16
-    rows = log.read_text().splitlines()
-    assert rows[0] == CSV_HEADER and len(rows) == 1 + 6 + 1
-    assert rows[-1].split(",")[5] == str(16 * MIB)
+    rows = list(csv.reader(log.read_text().splitlines()))
+    assert ",".join(rows[0]) == CSV_HEADER and 1 + 4 < len(rows) <= 1 + 8 + 1
+    assert [r[7] for r in rows[1:5]] == [f"seed {i} of 4" for i in range(1, 5)]
+    assert rows[-1][7].startswith("settled") and int(rows[-1][5]) == int(round(tuner.current[0] * MIB))
+    best_grid = max(_throughput(f, c) for f, c in GRID)
+    assert _throughput(*tuner.current) >= 0.85 * best_grid     # (8 samples only; 20 reach 0.95, above)
 
 
 @pytest.mark.unit
