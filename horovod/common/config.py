@@ -181,7 +181,7 @@ class Config:
                                              minimum=0, yaml="autotune.bayes_opt_max_samples")
     autotune_gaussian_process_noise: float = _s(
         0.8, "Gaussian process noise in [0, 1]", flag="--autotune-gaussian-process-noise", minimum=0, maximum=1,
-        yaml="autotune.gaussian_process_noise", inert="autotune searches a grid here, without a Gaussian process")
+        yaml="autotune.gaussian_process_noise")
     # Timeline.
     timeline: Optional[str] = _s(None, "Chrome-trace timeline file written by rank 0; DYNAMIC enables "
                                  "start_timeline/stop_timeline", flag="--timeline-filename", yaml="timeline.filename")
