@@ -20,6 +20,31 @@ __all__ = ["CHUNK_BYTES", "EXCHANGE_MAX_BYTES", "ring_reduce_scatter", "ring_all
 
 CHUNK_BYTES = 1 << 20
 MIN_CHUNK_BYTES = 128 << 10
+# When everything a rank sends in one collective fits well inside the socket buffers (4 MiB asked, and the peer's
+# as many), a blocking send never waits for the peer, so the calling thread sends itself: no hand-off to the sender
+# thread, whose wake-up costs a scheduler round trip per piece on a busy machine.
+INLINE_TOTAL_BYTES = 2 << 20
+
+
+class _Forward:
+    """The sends of one collective to one peer: inline when they all fit the socket buffers, else queued."""
+
+    __slots__ = ("transport", "peer", "inline", "pending")
+
+    def __init__(self, transport, peer: int, total_bytes: int):
+        self.transport, self.peer = transport, peer
+        self.inline = total_bytes <= INLINE_TOTAL_BYTES
+        self.pending = []
+
+    def send(self, array: np.ndarray) -> None:
+        if self.inline:
+            self.transport.send(self.peer, _view(array))
+        else:
+            self.pending.append(self.transport.isend(self.peer, _view(array)))
+
+    def finish(self) -> None:
+        for future in self.pending:
+            future.wait()
 # Up to this size an allreduce is latency-bound: one all-to-all exchange of whole buffers (one network hop) beats the
 # ring's 2(n-1) dependent steps, and at two ranks it even moves the same bytes.
 EXCHANGE_MAX_BYTES = 64 << 10
@@ -68,20 +93,20 @@ def ring_allgather_segments(group: Group, buf: np.ndarray, bounds: Sequence[int]
     n, me = group.size, group.index
     if n == 1:
         return
-    right, left = group.peer(1), group.peer(-1)
-    transport, step = group.transport, _chunk_elems(buf, n)
-    pending = [transport.isend(right, _view(buf[lo:hi]))
-               for lo, hi in _chunks(bounds[me], bounds[me + 1], step) if hi > lo]
+    left, step = group.peer(-1), _chunk_elems(buf, n)
+    forward = _Forward(group.transport, group.peer(1), (buf.nbytes * (n - 1)) // n)
+    for lo, hi in _chunks(bounds[me], bounds[me + 1], step):
+        if hi > lo:
+            forward.send(buf[lo:hi])
     for t in range(n - 1):
         seg = (me - t - 1) % n
         for lo, hi in _chunks(bounds[seg], bounds[seg + 1], step):
             if lo == hi:
                 continue
-            transport.recv_into(left, _view(buf[lo:hi]))
+            group.transport.recv_into(left, _view(buf[lo:hi]))
             if t < n - 2:
-                pending.append(transport.isend(right, _view(buf[lo:hi])))
-    for future in pending:
-        future.wait()
+                forward.send(buf[lo:hi])
+    forward.finish()
 
 
 def _chunks(lo: int, hi: int, step: int):
@@ -118,12 +143,11 @@ def ring_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray) ->
     if n == 1 or buf.size == 0:
         return
     bounds = segment_bounds(buf.size, n)
-    right, left = group.peer(1), group.peer(-1)
-    transport, step = group.transport, _chunk_elems(buf, n)
-    pending = []
+    left, transport, step = group.peer(-1), group.transport, _chunk_elems(buf, n)
+    forward = _Forward(transport, group.peer(1), 2 * (n - 1) * buf.nbytes // n)
     first = (me - 1) % n
     for lo, hi in _chunks(bounds[first], bounds[first + 1], step):
-        pending.append(transport.isend(right, _view(buf[lo:hi])))
+        forward.send(buf[lo:hi])
     last = 2 * (n - 1) - 1
     for k in range(last + 1):
         seg = (me - k - 2) % n if k < n - 1 else (me - k + n - 2) % n
@@ -138,9 +162,8 @@ def ring_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray) ->
             else:
                 transport.recv_into(left, _view(target))
             if k < last:
-                pending.append(transport.isend(right, _view(target)))
-    for future in pending:
-        future.wait()
+                forward.send(target)
+    forward.finish()
 
 
 def ring_allgatherv(group: Group, out: np.ndarray, byte_counts: List[int]) -> None:
