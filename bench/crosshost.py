@@ -15,7 +15,8 @@ times, alternating, each row keeping its fastest time:
 - ``openmpi``: ``mpirun`` over ssh into the same hosts, mpi4py, ``pml ob1`` with the ``tcp`` BTL between hosts (and
   ``vader`` inside one).
 
-``--rate`` limits every host's link with a token bucket (``tc qdisc ... tbf``) on both ends of its veth. Writes
+``--rate`` limits every host's link with a token bucket (``tc qdisc ... tbf``) on both ends of its veth. horovod-py also runs a "model step" (4.2 M float32 parameters in 24 tensors, one synchronous step, no compute),
+which ``python -m horovod.tools.scaling --check`` predicts. Writes
 ``<out>/crosshost.json``, ``<out>/crosshost.md`` and ``<out>/crosshost-<layout>.png``. Needs root (namespaces). Bus
 bandwidth as in bench/suite.py. A benchmark, not a test: nothing here asserts on time.
 """
@@ -148,6 +149,11 @@ def best_of(previous, rows):
     return [a if a["seconds"] <= b["seconds"] else b for a, b in zip(previous, rows)]
 
 
+def _ops_for(impl, args):
+    ops = args.ops.split(",")
+    return ops + (["model"] if impl.startswith("horovod-py") and args.model_step else [])
+
+
 def run_layout(layout, args, tmp):
     """Every implementation on one layout, alternating; returns the layout's record."""
     hosts, per_host = (int(x) for x in layout.split("x"))
@@ -165,7 +171,7 @@ def run_layout(layout, args, tmp):
               f"each way with both at once", file=sys.stderr, flush=True)
         for round_ in range(args.rounds):
             for impl, runner in runners.items():
-                plan = {"impl": impl, "ops": args.ops.split(","), "max_bytes": args.max_mib << 20,
+                plan = {"impl": impl, "ops": _ops_for(impl, args), "max_bytes": args.max_mib << 20,
                         "sizes": SIZES, "seconds": args.seconds, "out": os.path.join(tmp, f"{layout}-{impl}.json")}
                 print(f"[{layout}] {impl}, round {round_ + 1} of {args.rounds}", file=sys.stderr, flush=True)
                 started = time.monotonic()
@@ -229,6 +235,8 @@ def main() -> None:
     parser.add_argument("--ops", default="allreduce,allgather,broadcast")
     parser.add_argument("--rate", default="", help="limit every link, e.g. 10gbit or 1gbit (tc tbf)")
     parser.add_argument("--stream-bytes", type=int, default=STREAM_BYTES)
+    parser.add_argument("--no-model-step", dest="model_step", action="store_false",
+                        help="skip horovod-py's model step (what the scaling planner is checked against)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "crosshost"))
     args = parser.parse_args()
     reason = unavailable_reason()
@@ -242,6 +250,12 @@ def main() -> None:
             with open(os.path.join(args.out, "crosshost.json"), "w") as handle:
                 json.dump(records, handle, indent=1)
     text = "\n".join(table(r, op) for r in records for op in args.ops.split(","))
+    text += "\n\n#### model step (4.2 M float32 parameters in 24 tensors, no compute), best time\n\n"
+    text += "| layout | horovod-py | horovod-py-hier |\n|---|---|---|\n"
+    for r in records:
+        steps = [f"{row['seconds'] * 1e3:.1f} ms" for impl, rows in r["results"].items() if impl.startswith("horovod-py")
+                 for row in rows if row["op"] == "model"]
+        text += f"| {r['layout']} | " + " | ".join(steps) + " |\n"
     print(text)
     with open(os.path.join(args.out, "crosshost.md"), "w") as handle:
         handle.write(text + "\n")

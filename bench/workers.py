@@ -15,6 +15,9 @@ import numpy as np
 
 STEP_TENSORS = 200
 STEP_BYTES = 4096
+# "model": one synchronous step allreducing a model's gradients (sizes 2^10..2^21 and 12 biases: 4.2 M parameters,
+# 16.8 MB of float32), no compute: what bench/crosshost.py measures for the scaling planner to predict.
+MODEL_TENSORS = [1 << k for k in range(10, 22)] + [256] * 12
 
 
 def sizes(max_bytes: int, min_bytes: int = 4, listed=None):
@@ -49,6 +52,11 @@ def _measure(run, seconds: float, agree, slowest) -> float:
 def _plan(plan, ops_for, agree, slowest, rank, size):
     rows = []
     for op in plan["ops"]:
+        if op == "model":
+            run = ops_for("model", 0)
+            rows.append({"op": "model", "bytes": 4 * sum(MODEL_TENSORS),
+                         "seconds": _measure(run, plan["seconds"], agree, slowest)})
+            continue
         if op == "step":
             run = ops_for("step", STEP_BYTES)
             rows.append({"op": "step", "bytes": STEP_TENSORS * STEP_BYTES,
@@ -79,10 +87,11 @@ def horovod(plan) -> None:
         if op == "broadcast":
             buf = np.ones(count, np.float32)
             return lambda: hvd.broadcast_(buf, 0, name="bc")
-        bufs = [np.ones(count, np.float32) for _ in range(STEP_TENSORS)]
+        bufs = [np.ones(n if op == "model" else count, np.float32)
+                for n in (MODEL_TENSORS if op == "model" else [count] * STEP_TENSORS)]
 
         def step():
-            handles = [hvd.allreduce_async_(b, op=hvd.Average, name=f"g{i}") for i, b in enumerate(bufs)]
+            handles = [hvd.allreduce_async_(b, op=hvd.Average, name=f"{op}{i}") for i, b in enumerate(bufs)]
             for h in handles:
                 h.result()
         return step
