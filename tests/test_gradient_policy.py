@@ -45,8 +45,11 @@ def test_optimizer_argument_checks():
         gp.check_sparse_op(gp.Adasum)
     with pytest.raises(ValueError):
         gp.check_sparse_op(gp.resolve_op(None, None).__class__.MAX)
-    with pytest.raises(ValueError, match="reducescatter"):
+    with pytest.raises(RuntimeError, match="reducescatter"):       # Horovod's type, not a ValueError
         gp.check_reducescatter_op(gp.Adasum)
+    with pytest.raises(RuntimeError, match="0-d"):
+        gp.check_reducescatter_op(gp.Sum, [2, 0])
+    gp.check_reducescatter_op(gp.Average, [1, 3])
     assert gp.is_power_of_two(8) and not gp.is_power_of_two(6) and not gp.is_power_of_two(0)
 
 

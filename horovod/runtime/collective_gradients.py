@@ -8,9 +8,10 @@ op                 gradient with respect to the input
 allreduce          the same allreduce of ``dy``: same op, same prescale and postscale factors
 grouped allreduce  the same grouped allreduce of the ``dy`` list
 allgather          the averaged allreduce of ``dy``, of which this rank keeps the rows it contributed
+grouped allgather  the same, tensor by tensor (the averaged allreduces run as one grouped allreduce)
 broadcast          the averaged allreduce of ``dy`` on the root rank, zeros on every other rank
 alltoall           an alltoall of ``dy`` back, sending each rank the rows it sent here (the received splits)
-reducescatter      the allgather of ``dy``, times the op's :func:`~horovod.runtime.gradient_policy.reduction_scale`
+reducescatter      the allgather of ``dy``, times ``size`` for Sum (1 for Average), times the scale factors
 =================  ==================================================================================================
 
 A binding supplies the framework's spelling of a handful of primitives as a :class:`GradientOps` (the collectives
@@ -24,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Sequence
 
 from horovod.runtime import basics
-from horovod.runtime.collectives import Average
-from horovod.runtime.gradient_policy import reduction_scale, set_rank, set_size
+from horovod.runtime.collectives import Average, Sum
+from horovod.runtime.gradient_policy import set_rank, set_size
 from horovod.runtime.process_sets import ProcessSet
 
-__all__ = ["GradientOps", "allreduce_grad", "grouped_allreduce_grad", "allgather_grad", "broadcast_grad",
-           "alltoall_grad", "reducescatter_grad"]
+__all__ = ["GradientOps", "allreduce_grad", "grouped_allreduce_grad", "allgather_grad", "grouped_allgather_grad",
+           "broadcast_grad", "alltoall_grad", "reducescatter_grad", "reducescatter_grad_scale"]
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,15 @@ def allgather_grad(ops: GradientOps, dy, x, process_set: ProcessSet):
 
     ``x`` is the forward input (its row count is gathered again, so ranks may have contributed different counts).
     """
-    reduced = ops.grouped_allreduce([dy], Average, 1.0, 1.0, process_set)[0]
-    counts = ops.allgather(ops.row_count(x), process_set)
-    return ops.rows(reduced, counts, set_rank(process_set), x)
+    return grouped_allgather_grad(ops, [dy], [x], process_set)[0]
+
+
+def grouped_allgather_grad(ops: GradientOps, dys: Sequence, xs: Sequence, process_set: ProcessSet) -> List[Any]:
+    """A grouped allgather's input gradients: one grouped averaged allreduce of the ``dys``, each sliced to the rows
+    its ``x`` contributed (a list of one is a plain allgather's)."""
+    reduced = ops.grouped_allreduce(list(dys), Average, 1.0, 1.0, process_set)
+    me = set_rank(process_set)
+    return [ops.rows(r, ops.allgather(ops.row_count(x), process_set), me, x) for r, x in zip(reduced, xs)]
 
 
 def broadcast_grad(ops: GradientOps, dy, root_rank: int, process_set: ProcessSet):
@@ -96,7 +103,17 @@ def alltoall_grad(ops: GradientOps, dy, received_splits, process_set: ProcessSet
 
 def reducescatter_grad(ops: GradientOps, dys: Sequence, op, prescale_factor: float, postscale_factor: float,
                        process_set: ProcessSet) -> List[Any]:
-    """A (grouped) reducescatter's input gradients: the allgather of each ``dy``, scaled like the forward op."""
-    scale = reduction_scale(op, set_size(process_set), prescale_factor, postscale_factor)
+    """A (grouped) reducescatter's input gradients: the allgather of each ``dy``, times
+    :func:`reducescatter_grad_scale`."""
+    scale = reducescatter_grad_scale(op, set_size(process_set), prescale_factor, postscale_factor)
     grads = [ops.allgather(dy, process_set) for dy in dys]
     return grads if scale == 1.0 else [ops.scale(g, scale) for g in grads]
+
+
+def reducescatter_grad_scale(op, size: int, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> float:
+    """Horovod's factor on a reducescatter's gradient: ``size`` for Sum, 1 for Average, times both scale factors.
+
+    So a cotangent of ones gives ``size`` on every input element of a Sum and 1 of an Average (Horovod's rule,
+    not the plain vector-Jacobian product, which would be 1 and ``1/size``).
+    """
+    return (size if op == Sum else 1) * prescale_factor * postscale_factor

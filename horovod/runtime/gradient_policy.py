@@ -28,6 +28,7 @@ import numbers
 import warnings
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
+from horovod.common.exceptions import UnsupportedOperationError
 from horovod.runtime import basics
 from horovod.runtime import collectives as _c
 from horovod.runtime.collectives import Adasum, Average, Sum, resolve_op
@@ -100,10 +101,17 @@ def check_sparse_op(op) -> None:
         raise ValueError(f"sparse tensors can only be reduced with hvd.Average or hvd.Sum, not {op!r}")
 
 
-def check_reducescatter_op(op) -> None:
-    """Raises ValueError for a reducescatter op other than Sum and Average."""
+def check_reducescatter_op(op, ndims: Sequence[int] = ()) -> None:
+    """A reducescatter takes Sum or Average, and tensors of at least one dimension (``ndims``: their ranks).
+
+    Raises:
+        UnsupportedOperationError: another op (Adasum...), or a 0-d tensor; a ``RuntimeError``, as Horovod's.
+    """
     if op not in (Sum, Average):
-        raise ValueError(f"reducescatter supports only hvd.Sum and hvd.Average, not {op!r}")
+        raise UnsupportedOperationError(f"reducescatter supports only hvd.Sum and hvd.Average, not {op!r}")
+    if any(n == 0 for n in ndims):
+        raise UnsupportedOperationError("reducescatter cannot split a rank-zero (0-d) tensor; reshape it to (1,) "
+                                        "or use allreduce")
 
 
 def is_power_of_two(n: int) -> bool:

@@ -8,14 +8,14 @@ parameter/optimizer-state broadcast (:mod:`.functions`) and ``SyncBatchNorm``. I
 
 from horovod.runtime import binding_api
 from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, ops, process sets...)
-from horovod.torch.autograd import (allgather, allreduce, alltoall, broadcast, grouped_allreduce,
+from horovod.torch.autograd import (allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
                                     grouped_reducescatter, reducescatter)
 from horovod.torch.compression import Compression
 from horovod.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                      broadcast_parameters)
 from horovod.torch.mpi_ops import (allgather_async, allreduce_, allreduce_async, allreduce_async_, alltoall_async,
-                                   barrier, broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
-                                   grouped_allgather_async, grouped_allreduce_, grouped_allreduce_async,
+                                   barrier, broadcast_, broadcast_async, broadcast_async_, grouped_allgather_async,
+                                   grouped_allreduce_, grouped_allreduce_async,
                                    grouped_allreduce_async_, grouped_reducescatter_async, join, poll,
                                    reducescatter_async, sparse_allreduce_async, synchronize)
 from horovod.torch.optimizer import DistributedOptimizer

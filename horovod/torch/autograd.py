@@ -16,8 +16,8 @@ from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 from horovod.torch.compression import Compression
 
-__all__ = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-           "grouped_reducescatter"]
+__all__ = ["allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
+           "reducescatter", "grouped_reducescatter"]
 
 
 class _Allreduce(torch.autograd.Function):
@@ -55,6 +55,18 @@ class _Allgather(torch.autograd.Function):
     def backward(ctx, grad_output):
         like = torch.empty(ctx.shape, device="meta")    # the input's shape, without keeping the input
         return _grads.allgather_grad(_OPS, grad_output, like, ctx.process_set), None, None
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.shapes, ctx.process_set = [t.shape for t in tensors], process_set
+        return tuple(_ops.synchronize(_ops.grouped_allgather_async(tensors, name=name, process_set=process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        likes = [torch.empty(shape, device="meta") for shape in ctx.shapes]
+        return (None, None) + tuple(_grads.grouped_allgather_grad(_OPS, grad_outputs, likes, ctx.process_set))
 
 
 class _Broadcast(torch.autograd.Function):
@@ -171,6 +183,15 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
     return _Allgather.apply(tensor, name, process_set)
 
 
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
+    """Allgather a list of tensors as one group, negotiated together (differentiable: each gradient is the
+    averaged allreduce of its output's gradient, sliced to this rank's rows, the allreduces run as one group)."""
+    if not tensors:
+        return []
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return global rank ``root_rank``'s ``tensor`` on every rank of the set (differentiable: the gradient is the
@@ -201,11 +222,12 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=
                   op: int = _c.Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce ``tensor`` over the set and return this rank's slice of the first dimension; ranks below
-    ``dim0 % size`` get one extra row (differentiable: the gradient is the allgather of the output's gradient,
-    scaled like the reduction).
+    ``dim0 % size`` get one extra row (differentiable, by Horovod's rule: the gradient is the allgather of the
+    output's gradient, times the set's size for ``hvd.Sum``, times the scale factors).
 
     Raises:
-        ValueError: ``op`` other than ``hvd.Sum`` or ``hvd.Average``.
+        UnsupportedOperationError: ``op`` other than ``hvd.Sum`` or ``hvd.Average`` (Adasum...), or a 0-d tensor;
+            a ``RuntimeError``, as Horovod raises.
     """
     return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor,
                                  postscale_factor)[0]
@@ -217,7 +239,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
     """Reducescatter a list of tensors as one group (differentiable); see :func:`reducescatter`. A list of one
     tensor is a plain reducescatter."""
-    _policy.check_reducescatter_op(op)
+    _policy.check_reducescatter_op(op, [t.dim() for t in tensors])
     prescale_factor, postscale_factor = _policy.check_scale_factors(prescale_factor, postscale_factor)
     if not tensors:
         return []

@@ -20,7 +20,7 @@ from horovod.torch._tensors import as_input, as_output, check_tensor, to_tensor
 
 __all__ = ["poll", "synchronize", "allreduce_async", "allreduce_async_", "allreduce_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "grouped_allreduce_", "sparse_allreduce_async", "allgather_async",
-           "grouped_allgather_async", "grouped_allgather", "broadcast_async", "broadcast_async_", "broadcast_",
+           "grouped_allgather_async", "broadcast_async", "broadcast_async_", "broadcast_",
            "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "join", "barrier"]
 
 _handle_map: Dict[int, Tuple[Any, Callable[[Any], Any]]] = {}
@@ -190,12 +190,6 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     return _register(core, lambda results: [to_tensor(r, d) for r, d in zip(results, dtypes)])
 
 
-def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                      process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
-    """Allgather a list of tensors as one group; returns the list of outputs."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
-
-
 # -- broadcast ------------------------------------------------------------------------------------------------------
 
 def _broadcast_into(tensor, output, root_rank, name, process_set) -> int:
@@ -250,7 +244,12 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: in
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter: reduce over the set, rank i keeps slice i of the first dimension (ranks below
-    ``dim0 % size`` get one extra row). Only ``hvd.Sum`` and ``hvd.Average``."""
+    ``dim0 % size`` get one extra row). Only ``hvd.Sum`` and ``hvd.Average``.
+
+    Raises:
+        UnsupportedOperationError: another op, or a 0-d tensor (a ``RuntimeError``, as Horovod's).
+    """
+    _policy.check_reducescatter_op(op, [tensor.dim()])
     source, dtype = as_input(tensor)
     core = _c.reducescatter_async(source, name=name, op=op, process_set=process_set,
                                   prescale_factor=prescale_factor, postscale_factor=postscale_factor, dtype=dtype)
@@ -260,7 +259,12 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: in
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None, op: int = _c.Average,
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
-    """Start reducescattering a list of tensors as one group; ``synchronize`` returns the list of outputs."""
+    """Start reducescattering a list of tensors as one group; ``synchronize`` returns the list of outputs.
+
+    Raises:
+        UnsupportedOperationError: another op than Sum and Average, or a 0-d tensor.
+    """
+    _policy.check_reducescatter_op(op, [t.dim() for t in tensors])
     inputs = [as_input(t) for t in tensors]
     core = _c.grouped_reducescatter_async([a for a, _ in inputs], name=name, op=op,
                                           process_set=process_set, prescale_factor=prescale_factor,
