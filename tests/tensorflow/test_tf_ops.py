@@ -151,7 +151,7 @@ def check_reducescatter(tf, hvd, n, me):
             close(got, total[start:start + count] * scale, f"reducescatter {op}")
     for got in both(tf, lambda a, b: hvd.grouped_reducescatter([a, b], op=hvd.Sum), x, 3 * x):
         close(got[1], 3 * total[start:start + count], "grouped reducescatter")
-    with pytest.raises(ValueError):
+    with pytest.raises(RuntimeError):       # the shared policy's UnsupportedOperationError, as Horovod's torch
         hvd.reducescatter(x, op=hvd.Max)
 
 
@@ -192,7 +192,7 @@ def check_gradients(tf, hvd, n, me):
         want = np.concatenate([w[2 * me:2 * me + 2] * factor(k) for k in range(n)])
         close(got, want, "alltoall grad")
     x = tf.constant(data(me, (5, 1), salt=13))
-    for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+    for op, scale in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):   # Horovod: size for Sum, 1 for Average
         for got in _grads(tf, lambda t: hvd.reducescatter(t, op=op), x, me):
             want = np.concatenate([(np.arange(rows(5, n, k)[1], dtype=np.float32) + 1).reshape(-1, 1) * factor(k)
                                    for k in range(n)]) * scale
