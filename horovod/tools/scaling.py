@@ -1,0 +1,193 @@
+"""A scaling planner: predicted step time and scaling efficiency of data-parallel training at 2-512 workers.
+
+    python -m horovod.tools.scaling --params 44.5e6 --compute-ms 490 [--link-gbit 25] [--per-host 4]
+                                    [--fit bench/results/crosshost/crosshost.json] [--overlap 0.5]
+    python -m horovod.tools.scaling --published        # ResNet-101, Inception V3, VGG-16 beside Horovod's figures
+    python -m horovod.tools.scaling --check bench/results/crosshost/crosshost.json   # against measured steps
+
+The model. A ring allreduce of ``B`` bytes over ``n`` workers costs ``c + 2(n-1) a + 2(n-1)/n B / (e L)``: a fixed
+cost ``c`` per operation (negotiation, Python), a latency ``a`` per dependent step, and the link's bandwidth ``L``
+used at efficiency ``e``. With ``k`` workers per host (hierarchical), the ring runs over ``n/k`` hosts and each host
+adds a local reduce and broadcast at ``--local-gbyte-s``. Gradients (4 bytes a parameter, fused into buffers of the
+fusion threshold) are reduced while the backward pass runs, so a step takes ``T + max(C1, C - o T)``: ``T`` the
+compute time, ``C`` the communication, ``o`` the fraction of the compute it can hide behind (``--overlap``), and ``C1``
+the last fusion buffer's allreduce, which starts only when the backward pass ends and is never hidden. Scaling
+efficiency is ``T`` over the step time.
+
+``--fit`` takes the cross-host benchmark's JSON (``bench/crosshost.py``) and fits ``c``, ``a`` and ``e`` to
+horovod-py's allreduce times of every flat layout by least squares on relative errors (``e`` relative to each
+layout's measured link ceiling). ``--check`` fits the same way and predicts the benchmark's model step (4.2 M
+parameters, no compute) on each layout, beside the measured time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["LinkModel", "Workload", "PUBLISHED", "allreduce_seconds", "step_seconds", "fit", "predict_table",
+           "check", "main"]
+
+MODEL_STEP_PARAMS = 4 * sum([1 << k for k in range(10, 22)] + [256] * 12) // 4   # bench/workers.py MODEL_TENSORS
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkModel:
+    """The communication model's constants (see the module docstring)."""
+
+    fixed_s: float = 1e-3          # c: per allreduce operation
+    hop_s: float = 20e-6           # a: per dependent ring step
+    efficiency: float = 0.9        # e: fraction of the link's bandwidth a ring reaches
+    link_bytes_s: float = 25e9 / 8
+    local_bytes_s: float = 10e9    # within a host (hierarchical)
+    fusion_bytes: int = 64 << 20   # gradients travel in buffers of at most this size
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A model: parameters (float32 gradients), compute time per step, and the share of it communication can hide."""
+
+    name: str
+    params: float
+    compute_s: float
+    overlap: float = 0.5
+
+
+# Horovod's published scaling at 512 GPUs (128 servers x 4 Pascal GPUs, 25 Gbit/s RoCE; docs/benchmarks):
+# ResNet-101 and Inception V3 about 90 %, VGG-16 about 68 %. Compute times per step are our assumption (batch 64
+# on one P100, roughly what tf_cnn_benchmarks reported), not published with those figures.
+PUBLISHED = [(Workload("ResNet-101", 44.5e6, 0.49), 0.90), (Workload("Inception V3", 23.8e6, 0.45), 0.90),
+             (Workload("VGG-16", 138.4e6, 0.42), 0.68)]
+
+
+def allreduce_seconds(link: LinkModel, workers: int, nbytes: float, per_host: int = 1) -> float:
+    """One allreduce of ``nbytes`` over ``workers`` (``per_host`` to a host: hierarchical when above 1)."""
+    hosts = max(1, workers // max(1, per_host))
+    local = 0.0
+    if per_host > 1 and workers > 1:
+        local = 2 * (per_host - 1) / per_host * nbytes / link.local_bytes_s
+    if hosts == 1:
+        return link.fixed_s + local if workers > 1 else 0.0
+    ring = 2 * (hosts - 1) * link.hop_s + 2 * (hosts - 1) / hosts * nbytes / (link.efficiency * link.link_bytes_s)
+    return link.fixed_s + ring + local
+
+
+def step_seconds(link: LinkModel, work: Workload, workers: int, per_host: int = 1) -> float:
+    """Predicted step time: compute, plus the communication the backward pass cannot hide."""
+    total = 4.0 * work.params
+    buffers = max(1, math.ceil(total / link.fusion_bytes))
+    last = allreduce_seconds(link, workers, total / buffers, per_host)
+    return work.compute_s + max(last, buffers * last - work.overlap * work.compute_s)
+
+
+def predict_table(link: LinkModel, works: Sequence[Workload], workers: Sequence[int], per_host: int = 1) -> str:
+    """A markdown table: step time and scaling efficiency of each workload at each worker count."""
+    lines = ["| workers | " + " | ".join(f"{w.name} step / efficiency" for w in works) + " |",
+             "|---|" + "---|" * len(works)]
+    for n in workers:
+        cells = []
+        for w in works:
+            step = step_seconds(link, w, n, per_host if n >= per_host else 1)
+            cells.append(f"{step * 1e3:.0f} ms / {w.compute_s / step:.0%}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _flat_rows(records) -> List[Tuple[int, float, float, float]]:
+    """(ranks, bytes, seconds, link ceiling bytes/s) of horovod-py's allreduce rows on one-rank-per-host layouts."""
+    rows = []
+    for record in records:
+        if not record["layout"].endswith("x1"):
+            continue
+        ceiling = record["ceiling_gbs"] * 1e9
+        for row in record["results"].get("horovod-py", []):
+            if row["op"] == "allreduce":
+                rows.append((record["ranks"], row["bytes"], row["seconds"], ceiling))
+    return rows
+
+
+def fit(records, base: LinkModel = LinkModel()) -> LinkModel:
+    """``c``, ``a`` and ``e`` fitted to the cross-host benchmark's horovod-py allreduces (relative least squares).
+
+    Raises:
+        ValueError: the records hold no flat layout with allreduce rows.
+    """
+    rows = _flat_rows(records)
+    if not rows:
+        raise ValueError("no horovod-py allreduce rows of an HOSTSx1 layout in the benchmark records")
+    # seconds = c + a * 2(n-1) + (1/e) * 2(n-1)/n * B / L, linear in (c, a, 1/e); weight each row by 1/seconds.
+    x = np.array([[1.0, 2 * (n - 1), 2 * (n - 1) / n * b / ceil] for n, b, _, ceil in rows])
+    y = np.array([s for _, _, s, _ in rows])
+    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
+    fixed, hop, inverse = (max(float(v), 0.0) for v in coef)
+    return dataclasses.replace(base, fixed_s=fixed, hop_s=hop, efficiency=1.0 / inverse if inverse > 0 else 1.0)
+
+
+def check(records, link: Optional[LinkModel] = None) -> List[Dict[str, float]]:
+    """The benchmark's model step on every flat layout: measured best time against the fitted prediction."""
+    link = link or fit(records)
+    out = []
+    for record in records:
+        measured = [r["seconds"] for r in record["results"].get("horovod-py", []) if r["op"] == "model"]
+        if not measured or not record["layout"].endswith("x1"):
+            continue
+        here = dataclasses.replace(link, link_bytes_s=record["ceiling_gbs"] * 1e9)
+        predicted = step_seconds(here, Workload("model step", MODEL_STEP_PARAMS, 0.0), record["ranks"])
+        out.append({"layout": record["layout"], "measured_s": measured[0], "predicted_s": predicted,
+                    "error": predicted / measured[0] - 1.0})
+    return out
+
+
+def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m horovod.tools.scaling", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=float, help="model parameters (float32 gradients)")
+    parser.add_argument("--compute-ms", type=float, help="compute time of one step on one worker, ms")
+    parser.add_argument("--overlap", type=float, default=0.5, help="share of the compute communication can hide")
+    parser.add_argument("--link-gbit", type=float, default=25.0, help="link speed between hosts, Gbit/s")
+    parser.add_argument("--per-host", type=int, default=1, help="workers per host (hierarchical above 1)")
+    parser.add_argument("--workers", default="2,4,8,16,32,64,128,256,512")
+    parser.add_argument("--fit", help="bench/crosshost.py's JSON: fit the model's constants to it")
+    parser.add_argument("--published", action="store_true", help="the three published models (128 x 4 GPUs)")
+    parser.add_argument("--check", help="bench/crosshost.py's JSON: predicted vs measured model steps")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point; see the module docstring."""
+    args = _args(argv)
+    if args.check:
+        with open(args.check) as handle:
+            records = json.load(handle)
+        link = fit(records)
+        print(f"fitted: c = {link.fixed_s * 1e3:.2f} ms per op, a = {link.hop_s * 1e6:.0f} us per step, "
+              f"e = {link.efficiency:.0%} of the link\n")
+        print("| layout | measured | predicted | error |\n|---|---|---|---|")
+        for row in check(records, link):
+            print(f"| {row['layout']} | {row['measured_s'] * 1e3:.1f} ms | {row['predicted_s'] * 1e3:.1f} ms | "
+                  f"{row['error']:+.0%} |")
+        return 0
+    link = LinkModel(link_bytes_s=args.link_gbit * 1e9 / 8)
+    if args.fit:
+        with open(args.fit) as handle:
+            link = dataclasses.replace(fit(json.load(handle)), link_bytes_s=link.link_bytes_s)
+    workers = [int(w) for w in args.workers.split(",")]
+    if args.published:
+        print(predict_table(link, [w for w, _ in PUBLISHED], workers, per_host=4))
+        print("\npublished at 512 GPUs: " + ", ".join(f"{w.name} {eff:.0%}" for w, eff in PUBLISHED))
+        return 0
+    if args.params is None or args.compute_ms is None:
+        print("give --params and --compute-ms (or --published, or --check FILE)", file=sys.stderr)
+        return 2
+    work = Workload("model", args.params, args.compute_ms / 1e3, args.overlap)
+    print(predict_table(link, [work], workers, args.per_host))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The scaling planner: its model, the fit to benchmark records, and its command line (tier unit, no processes)."""
+
+import json
+
+import pytest
+
+from horovod.tools import scaling
+
+pytestmark = pytest.mark.unit
+
+
+def _records(link, ceiling_gbs=1.0):
+    here = scaling.LinkModel(fixed_s=link.fixed_s, hop_s=link.hop_s, efficiency=link.efficiency,
+                             link_bytes_s=ceiling_gbs * 1e9)
+    records = []
+    for hosts in (2, 3):
+        rows = [{"op": "allreduce", "bytes": b, "seconds": scaling.allreduce_seconds(here, hosts, b)}
+                for b in (4, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)]
+        rows.append({"op": "model", "bytes": 4 * scaling.MODEL_STEP_PARAMS,
+                     "seconds": scaling.step_seconds(here, scaling.Workload("m", scaling.MODEL_STEP_PARAMS, 0.0),
+                                                     hosts)})
+        records.append({"layout": f"{hosts}x1", "ranks": hosts, "ceiling_gbs": ceiling_gbs,
+                        "results": {"horovod-py": rows}})
+    return records
+
+
+def test_fit_recovers_the_constants_and_check_predicts_the_steps():
+    truth = scaling.LinkModel(fixed_s=4e-4, hop_s=150e-6, efficiency=0.6)
+    fitted = scaling.fit(_records(truth))
+    assert fitted.fixed_s == pytest.approx(4e-4, rel=1e-6)
+    assert fitted.hop_s == pytest.approx(150e-6, rel=1e-6)
+    assert fitted.efficiency == pytest.approx(0.6, rel=1e-6)
+    for row in scaling.check(_records(truth)):
+        assert abs(row["error"]) < 1e-6
+
+
+def test_efficiency_falls_with_workers_and_bytes():
+    link = scaling.LinkModel()
+    small, big = scaling.Workload("s", 5e6, 0.2), scaling.Workload("b", 200e6, 0.2)
+    steps = [scaling.step_seconds(link, big, n) for n in (2, 8, 64, 512)]
+    assert steps == sorted(steps)
+    assert scaling.step_seconds(link, small, 512) < scaling.step_seconds(link, big, 512)
+    assert scaling.step_seconds(link, small, 1) >= small.compute_s
+
+
+def test_published_table_and_check_on_the_command_line(tmp_path, capsys):
+    assert scaling.main(["--published"]) == 0
+    out = capsys.readouterr().out
+    assert "| 512 |" in out and "VGG-16 68%" in out
+    path = tmp_path / "crosshost.json"
+    path.write_text(json.dumps(_records(scaling.LinkModel(efficiency=0.5))))
+    assert scaling.main(["--check", str(path)]) == 0
+    assert "| 3x1 |" in capsys.readouterr().out
+    assert scaling.main(["--params", "1e7", "--compute-ms", "100", "--fit", str(path), "--workers", "2,4"]) == 0
