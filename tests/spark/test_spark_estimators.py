@@ -40,7 +40,7 @@ def test_torch_estimator_fits_transforms_and_round_trips(spark, digits, tmp_path
                                loss=F.cross_entropy, store=Store.create(str(tmp_path / "store")),
                                feature_cols=["features"], label_cols=["label"], input_shapes=[[-1, 64]],
                                batch_size=32, epochs=10, validation=0.1, random_seed=1, start_timeout=120)
-    model = bounded(spark, lambda: estimator.fit(train_df), 600)
+    model = bounded(spark, lambda: estimator.fit(train_df), 900)
     history = model.getHistory()
     assert len(history["train"]["loss"]) == 10 and len(history["validation"]["loss"]) == 10
     assert history["train"]["loss"][-1] < history["train"]["loss"][0]
@@ -69,7 +69,7 @@ def test_keras_estimator_fits_transforms_and_round_trips(spark, digits, tmp_path
                                store=Store.create(str(tmp_path / "store")), feature_cols=["features"],
                                label_cols=["label"], batch_size=32, epochs=10, validation=0.1, random_seed=1,
                                start_timeout=120, verbose=0)
-    model = bounded(spark, lambda: estimator.fit(train_df), 600)
+    model = bounded(spark, lambda: estimator.fit(train_df), 900)
     history = model.getHistory()
     assert len(history["loss"]) == 10 and len(history["val_loss"]) == 10
     assert history["loss"][-1] < history["loss"][0]
