@@ -1,7 +1,7 @@
 """``horovod.spark.run`` and ``horovod.spark.run_elastic``: a function on Horovod ranks that are Spark tasks.
 
 Both go through the runner's launch pipeline: the job's rendezvous and secret (:class:`RendezvousPool`), each
-worker's environment (:func:`horovod.runner.launch.worker_env`), a backend that starts workers
+worker's environment (:func:`horovod.runner.pipeline.worker_env`), a backend that starts workers
 (:class:`horovod.runner.backends.spark.SparkBackend`: one agent per Spark task) and the one
 :class:`~horovod.runner.supervisor.Supervisor` (output relay, fail-fast, reaping). The function and its results
 travel through the rendezvous store as for ``horovod.run`` (:mod:`horovod.runner.run_task`), and a failure becomes
@@ -22,7 +22,7 @@ from horovod.runner.elastic.driver import ElasticSettings
 from horovod.runner.elastic.job import ElasticJob
 from horovod.runner.elastic.spawner import ElasticSpawner
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
-from horovod.runner.launch import package_pythonpath, worker_env
+from horovod.runner.pipeline import package_pythonpath, worker_env
 from horovod.runner.output import OutputSink
 from horovod.runner.procgroup import forward_signals
 from horovod.runner.outcomes import FunctionExchange, raise_for_outcomes
@@ -161,6 +161,15 @@ def _place_by_host(server: AgentServer):
     return place
 
 
+def _elastic_settings(context, num_proc, min_np, max_np, start_timeout, elastic_timeout,
+                      reset_limit) -> ElasticSettings:
+    num_proc = int(num_proc or min_np or context.defaultParallelism)
+    return ElasticSettings(min_np=int(min_np or num_proc), max_np=int(max_np or num_proc),
+                           start_timeout=start_timeout_seconds(start_timeout), reset_limit=reset_limit,
+                           elastic_timeout=float(elastic_timeout if elastic_timeout is not None
+                                                 else config.load_config().elastic_timeout))
+
+
 def run_elastic(fn, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None, num_proc: Optional[int] = None,
                 min_num_proc: Optional[int] = None, max_num_proc: Optional[int] = None,
                 start_timeout: Optional[float] = None, elastic_timeout: Optional[float] = None,
@@ -189,21 +198,17 @@ def run_elastic(fn, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None
         BaseException: what the first failed rank of the final round raised.
         RuntimeError: the job stopped (reset limit, too few ranks for too long), with the reason.
     """
-    from_np = min_np if min_np is not None else min_num_proc
     context = active_context()
-    num_proc = int(num_proc or from_np or context.defaultParallelism)
-    minimum = int(from_np or num_proc)
-    maximum = int((max_np if max_np is not None else max_num_proc) or num_proc)
-    timeout = start_timeout_seconds(start_timeout)
-    settings = ElasticSettings(min_np=minimum, max_np=maximum, start_timeout=timeout, reset_limit=reset_limit,
-                               elastic_timeout=float(elastic_timeout if elastic_timeout is not None
-                                                     else config.load_config().elastic_timeout))
+    settings = _elastic_settings(context, num_proc, min_np if min_np is not None else min_num_proc,
+                                 max_np if max_np is not None else max_num_proc, start_timeout, elastic_timeout,
+                                 reset_limit)
+    timeout = settings.start_timeout
     extra = _extra_env(env, nics)
     extra.update({"HOROVOD_ELASTIC_TIMEOUT": repr(settings.elastic_timeout), "HOROVOD_START_TIMEOUT": repr(timeout)})
     exchange = FunctionExchange(fn, args, kwargs)
-    with SparkJob(context, maximum, timeout, elastic=True) as job:
+    with SparkJob(context, settings.max_np, timeout, elastic=True) as job:
         exchange.publish(job.store)
-        job.wait_for_agents(minimum)
+        job.wait_for_agents(settings.min_np)
         sink = OutputSink(0, stdout, stderr, None, prefix_output_with_timestamp)
         with Supervisor(sink) as supervisor:
             spawner = ElasticSpawner(_ELASTIC_RUN_TASK, SparkBackend(_place_by_host(job.server), executable, timeout),

@@ -25,7 +25,7 @@ from pyspark import BarrierTaskContext, TaskContext
 from horovod.common import config
 from horovod.common.exceptions import HorovodInternalError
 from horovod.runner.backends.spark import AGENT_PURPOSE
-from horovod.runner.launch import LAUNCHER_VARS
+from horovod.runner.pipeline import LAUNCHER_VARS
 from horovod.runner.procgroup import signal_group
 from horovod.transport import wire
 
