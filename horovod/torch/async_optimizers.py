@@ -60,6 +60,11 @@ class _AsyncOptimizer:
     def _hvd_local_step(self, closure) -> Optional[float]:
         return super().step(closure)
 
+    def _local_step(self, closure=None):
+        """The wrapped optimizer's own step, without the schedule (``broadcast_optimizer_state`` creates state
+        with it on one rank alone)."""
+        return super().step(closure)
+
     def step(self, closure=None):
         """Run the schedule's hooks around the wrapped optimizer's own step (no communication but the schedule's)."""
         self._hvd_schedule.before_step(self._hvd_arrays())
