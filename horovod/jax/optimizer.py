@@ -21,6 +21,8 @@ except ImportError:  # pragma: no cover - the jax extra installs it; Distributed
 
 from horovod.jax import _host
 from horovod.jax import _transforms as _t
+from horovod.jax._arrays import is_tracer
+from horovod.jax._naming import tracing
 from horovod.jax.compression import Compression
 from horovod.runtime import gradient_policy as policy
 from horovod.runtime.collectives import Average
@@ -137,7 +139,9 @@ def DistributedOptimizer(optimizer, compression=Compression.none, backward_passe
 
         def wait(_):
             return jax.tree_util.tree_map(jnp.zeros_like, grads), DistributedState(count, accumulated, state.inner)
-        return jax.lax.cond(count >= backward_passes_per_step, apply, wait, None)
+        if tracing() or is_tracer(count):
+            return jax.lax.cond(count >= backward_passes_per_step, apply, wait, None)
+        return apply(None) if int(count) >= backward_passes_per_step else wait(None)   # eager: no retracing
     return optax.GradientTransformationExtraArgs(init, update_accumulating)
 
 
