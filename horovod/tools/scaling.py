@@ -15,8 +15,9 @@ the last fusion buffer's allreduce, which starts only when the backward pass end
 efficiency is ``T`` over the step time.
 
 ``--fit`` takes the cross-host benchmark's JSON (``bench/crosshost.py``) and fits ``c``, ``a`` and ``e`` to
-horovod-py's allreduce times of every flat layout by least squares on relative errors (``e`` relative to each
-layout's measured link ceiling). ``--check`` fits the same way and predicts the benchmark's model step (4.2 M
+horovod-py's allreduce times of every flat layout by least squares on relative errors (one bandwidth for the
+machine; ``e`` is it over the mean measured link ceiling). Packing gradients into the fusion buffer and back costs
+``2 B`` at ``copy_bytes_s``. ``--check`` fits the same way and predicts the benchmark's model step (4.2 M
 parameters, no compute) on each layout, beside the measured time.
 """
 
@@ -46,6 +47,7 @@ class LinkModel:
     efficiency: float = 0.9        # e: fraction of the link's bandwidth a ring reaches
     link_bytes_s: float = 25e9 / 8
     local_bytes_s: float = 10e9    # within a host (hierarchical)
+    copy_bytes_s: float = 5e9      # packing gradients into the fusion buffer and back
     fusion_bytes: int = 64 << 20   # gradients travel in buffers of at most this size
 
 
@@ -83,6 +85,8 @@ def step_seconds(link: LinkModel, work: Workload, workers: int, per_host: int = 
     total = 4.0 * work.params
     buffers = max(1, math.ceil(total / link.fusion_bytes))
     last = allreduce_seconds(link, workers, total / buffers, per_host)
+    if workers > 1:
+        last += 2 * total / buffers / link.copy_bytes_s
     return work.compute_s + max(last, buffers * last - work.overlap * work.compute_s)
 
 
@@ -100,15 +104,14 @@ def predict_table(link: LinkModel, works: Sequence[Workload], workers: Sequence[
 
 
 def _flat_rows(records) -> List[Tuple[int, float, float, float]]:
-    """(ranks, bytes, seconds, link ceiling bytes/s) of horovod-py's allreduce rows on one-rank-per-host layouts."""
+    """(ranks, bytes, seconds) of horovod-py's allreduce rows on one-rank-per-host layouts."""
     rows = []
     for record in records:
         if not record["layout"].endswith("x1"):
             continue
-        ceiling = record["ceiling_gbs"] * 1e9
         for row in record["results"].get("horovod-py", []):
             if row["op"] == "allreduce":
-                rows.append((record["ranks"], row["bytes"], row["seconds"], ceiling))
+                rows.append((record["ranks"], row["bytes"], row["seconds"]))
     return rows
 
 
@@ -121,12 +124,15 @@ def fit(records, base: LinkModel = LinkModel()) -> LinkModel:
     rows = _flat_rows(records)
     if not rows:
         raise ValueError("no horovod-py allreduce rows of an HOSTSx1 layout in the benchmark records")
-    # seconds = c + a * 2(n-1) + (1/e) * 2(n-1)/n * B / L, linear in (c, a, 1/e); weight each row by 1/seconds.
-    x = np.array([[1.0, 2 * (n - 1), 2 * (n - 1) / n * b / ceil] for n, b, _, ceil in rows])
-    y = np.array([s for _, _, s, _ in rows])
+    # seconds = c + a * 2(n-1) + 2(n-1)/n * B / W, linear in (c, a, 1/W); weight each row by 1/seconds. The
+    # bandwidth W is the machine's, fitted across layouts; e is W over the mean measured ceiling.
+    x = np.array([[1.0, 2 * (n - 1), 2 * (n - 1) / n * b] for n, b, _ in rows])
+    y = np.array([s for _, _, s in rows])
     coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
     fixed, hop, inverse = (max(float(v), 0.0) for v in coef)
-    return dataclasses.replace(base, fixed_s=fixed, hop_s=hop, efficiency=1.0 / inverse if inverse > 0 else 1.0)
+    ceiling = float(np.mean([r["ceiling_gbs"] for r in records if r["layout"].endswith("x1")])) * 1e9
+    bandwidth = 1.0 / inverse if inverse > 0 else ceiling
+    return dataclasses.replace(base, fixed_s=fixed, hop_s=hop, efficiency=bandwidth / ceiling, link_bytes_s=ceiling)
 
 
 def check(records, link: Optional[LinkModel] = None) -> List[Dict[str, float]]:
@@ -137,8 +143,7 @@ def check(records, link: Optional[LinkModel] = None) -> List[Dict[str, float]]:
         measured = [r["seconds"] for r in record["results"].get("horovod-py", []) if r["op"] == "model"]
         if not measured or not record["layout"].endswith("x1"):
             continue
-        here = dataclasses.replace(link, link_bytes_s=record["ceiling_gbs"] * 1e9)
-        predicted = step_seconds(here, Workload("model step", MODEL_STEP_PARAMS, 0.0), record["ranks"])
+        predicted = step_seconds(link, Workload("model step", MODEL_STEP_PARAMS, 0.0), record["ranks"])
         out.append({"layout": record["layout"], "measured_s": measured[0], "predicted_s": predicted,
                     "error": predicted / measured[0] - 1.0})
     return out
