@@ -64,7 +64,12 @@ def _create_state(optimizer: torch.optim.Optimizer) -> None:
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model=None,
                               process_set: ProcessSet = global_process_set) -> None:
     """Make every rank's optimizer state (tensors, step counts, learning rates and other options) equal to
-    ``root_rank``'s. A fresh optimizer first gets its state created, so that its tensors exist to receive.
+    ``root_rank``'s. A fresh optimizer first gets its state created, as in Horovod (one local step on zero
+    gradients that leaves the parameters and their ``.grad`` as they were).
+
+    The root's layout decides: a rank whose state lacks an entry the root has (a parameter that had no gradient
+    there, state created lazily, a rank that joined later) gets it, and entries the root lacks are dropped, so the
+    ranks never wait on tensors the others do not send.
 
     Raises:
         ValueError: ``torch.optim.LBFGS``, whose state cannot be broadcast.
@@ -73,24 +78,54 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     if not optimizer.state_dict()["state"]:
         _create_state(optimizer)
-    handles, others = [], {"groups": [], "state": {}}
-    for g, group in enumerate(optimizer.param_groups):
-        others["groups"].append({k: v for k, v in group.items() if k != "params"})
-        for i, p in enumerate(group["params"]):
-            for key, value in sorted(optimizer.state.get(p, {}).items()):
-                if isinstance(value, torch.Tensor):
-                    handles.append(_ops.broadcast_async_(value, root_rank, name=f"optimizer_state.{g}.{i}.{key}",
-                                                         process_set=process_set))
-                else:
-                    others["state"][(g, i, key)] = value
-    others = _c.broadcast_object(others, root_rank, name="optimizer_state.options", process_set=process_set)
-    for group, options in zip(optimizer.param_groups, others["groups"]):
-        group.update(options)
     params = [group["params"] for group in optimizer.param_groups]
-    for (g, i, key), value in others["state"].items():
-        optimizer.state[params[g][i]][key] = value
+    layout = {"groups": [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups],
+              "state": {(g, i, key): _describe(value) for g, group in enumerate(params) for i, p in enumerate(group)
+                        for key, value in optimizer.state.get(p, {}).items()}}
+    layout = _c.broadcast_object(layout, root_rank, name="optimizer_state.layout", process_set=process_set)
+    for group, options in zip(optimizer.param_groups, layout["groups"]):
+        group.update(options)
+    tensors = _match_layout(optimizer, params, layout["state"])
+    handles = [_ops.broadcast_async_(tensor, root_rank, name=f"optimizer_state.{g}.{i}.{key}",
+                                     process_set=process_set) for (g, i, key), tensor in sorted(tensors.items())]
     for handle in handles:
         _ops.synchronize(handle)
+
+
+def _describe(value):
+    """A state entry as the root announces it: a tensor's shape and dtype, or any other value itself."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype).replace("torch.", ""))
+    return ("value", value)
+
+
+def _match_layout(optimizer, params, state_layout):
+    """Give the local state exactly the root's entries; return the tensors to receive, by (group, index, key)."""
+    tensors = {}
+    wanted = {}
+    for (g, i, key), spec in state_layout.items():
+        wanted.setdefault(params[g][i], {})[key] = spec
+    for p in list(optimizer.state):
+        if p not in wanted:
+            del optimizer.state[p]
+    for g, group in enumerate(params):
+        for i, p in enumerate(group):
+            if p not in wanted:
+                continue
+            state = optimizer.state[p]
+            for key in [k for k in state if k not in wanted[p]]:
+                del state[key]
+            for key, spec in wanted[p].items():
+                if spec[0] == "value":
+                    state[key] = spec[1]
+                    continue
+                shape, dtype = spec[1], getattr(torch, spec[2])
+                current = state.get(key)
+                if not (isinstance(current, torch.Tensor) and tuple(current.shape) == shape and current.dtype == dtype
+                        and current.device.type == "cpu"):
+                    state[key] = torch.zeros(shape, dtype=dtype)
+                tensors[(g, i, key)] = state[key]
+    return tensors
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,

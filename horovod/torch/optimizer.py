@@ -19,6 +19,7 @@ from horovod.runtime.compression import compress_all
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import async_optimizers as _async
 from horovod.torch import mpi_ops as _ops
+from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer
 from horovod.torch.compression import Compression
 
 __all__ = ["DistributedOptimizer"]
@@ -92,7 +93,7 @@ class _DistributedOptimizer:
             # Another rank may have a gradient for it (dynamic graphs): contribute zeros.
             p.grad = torch.zeros_like(p)
         elif p.grad.is_sparse and self.sparse_as_dense:
-            p.grad = p.grad.to_dense()
+            return p.grad.to_dense()    # p.grad stays sparse: the dense average goes back to sparse (_set_grad)
         return p.grad
 
     def _allreduce_grad_async(self, p: torch.Tensor):
@@ -129,7 +130,9 @@ class _DistributedOptimizer:
     def _set_grad(self, p: torch.Tensor, output: torch.Tensor, ctx) -> None:
         self._passes.reset(id(p))
         result = self._compression.decompress(output, ctx)
-        if result is not p.grad:
+        if p.grad.is_sparse:    # sparse_as_dense: the update gets a sparse gradient again, as in Horovod
+            p.grad = result.to_sparse()
+        elif result is not p.grad:
             with torch.no_grad():
                 p.grad.copy_(result)
 
@@ -213,7 +216,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         named_parameters: ``model.named_parameters()``; names the allreduces (recommended).
         compression: ``hvd.Compression.none``, ``fp16`` or ``bf16`` for the gradients on the wire.
         backward_passes_per_step: backward passes accumulated locally before each allreduce.
-        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum`` (on more than one rank: Horovod's delta-based
+            Adasum optimizer, :mod:`horovod.torch.adasum_optimizer`; global process set only).
         gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.
         num_groups: deprecated; use ``groups``.
         groups: an int n (split the parameters into n fused groups) or a list of lists of parameters.
@@ -224,6 +228,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     Raises:
         ValueError: ``gradient_predivide_factor`` with an op other than Average, ``backward_passes_per_step`` < 1,
             badly formed ``named_parameters`` or ``groups``.
+        NotImplementedError: Adasum with a process set other than the global one.
     """
     if staleness:
         return _async.stale_optimizer(optimizer, named_parameters, compression, staleness, op, process_set, {
@@ -232,6 +237,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                            ("sparse_as_dense", sparse_as_dense)] if v})
     groups = _policy.check_optimizer_arguments(op, gradient_predivide_factor, backward_passes_per_step, groups,
                                                num_groups, what="torch.Tensor")
+    if op == _c.Adasum and _policy.set_size(global_process_set) > 1:     # Horovod's delta-based Adasum optimizer
+        if process_set.process_set_id != 0:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        return DistributedAdasumOptimizer(optimizer, named_parameters, compression, backward_passes_per_step)
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__})
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,

@@ -141,6 +141,158 @@ def check_adasum_bits(hvd, n, me):
     assert np.array_equal(np.concatenate([_bits(t).ravel() for t in got]), want.view(np.int64)), "fused group"
 
 
+# -- DistributedOptimizer(op=Adasum): Horovod's delta-based optimizer ------------------------------------------------
+
+def _linear_problem(k, salt):
+    return data(k, (4, 3), salt=salt), data(k, (4, 2), salt=salt + 1)
+
+
+def check_adasum_optimizer(hvd, n, me):
+    """Each rank steps SGD with momentum on its own gradient; the parameter deltas are combined with Adasum and
+    added to the parameters before the step. Reference: numpy float64, per-rank momentum buffers, Horovod's Adasum
+    of each parameter's deltas."""
+    model = torch.nn.Linear(3, 2).double()
+    with torch.no_grad():
+        model.weight.copy_(data(99, (2, 3), salt=40))
+        model.bias.copy_(data(99, (2,), salt=41))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    if n & (n - 1):     # Horovod's CPU Adasum refuses a non-power-of-two count, at the first reduction
+        x, y = _linear_problem(me, 42)
+        with pytest.raises(NotImplementedError):
+            (0.5 * ((model(x) - y) ** 2).sum()).backward()
+            opt.step()
+        return
+    with pytest.raises(AssertionError):
+        with opt.skip_synchronize():
+            pass
+    w, b = data(99, (2, 3), salt=40).numpy(), data(99, (2,), salt=41).numpy()
+    bufs = [None] * n
+    for step in range(3):
+        x, y = _linear_problem(me, 42 + 2 * step)
+        opt.zero_grad()
+        (0.5 * ((model(x) - y) ** 2).sum()).backward()
+        opt.step()
+        deltas = []
+        for k in range(n):
+            xk, yk = (t.numpy() for t in _linear_problem(k, 42 + 2 * step))
+            r = xk @ w.T + b - yk
+            g = (r.T @ xk, r.sum(0))
+            bufs[k] = g if bufs[k] is None else tuple(0.5 * m + gi for m, gi in zip(bufs[k], g))
+            deltas.append(tuple(-0.1 * m for m in bufs[k]))
+        w = w + horovod_adasum([d[0].ravel() for d in deltas]).reshape(w.shape)
+        b = b + horovod_adasum([d[1] for d in deltas])
+        same(model.weight, torch.from_numpy(w), f"weight after step {step}")
+        same(model.bias, torch.from_numpy(b), f"bias after step {step}")
+
+
+# -- sparse gradients -------------------------------------------------------------------------------------------------
+
+def check_sparse_gradients_averaged_sparse(hvd, n, me):
+    """``nn.Embedding(sparse=True)`` with SparseAdam: the gradient is averaged as a sparse tensor (indices and values
+    gathered, values divided by the size), and the update equals SparseAdam on that average; also with
+    ``sparse_as_dense=True``, where the dense average goes back to sparse for the update."""
+    idx = [torch.tensor([k % 10, (3 * k + 1) % 10, 7]) for k in range(n)]
+    wts = [data(k, (3, 3), salt=50) for k in range(n)]
+    init = data(98, (10, 3), salt=51)
+    dense = sum(torch.zeros(10, 3).double().index_add_(0, idx[k], wts[k]) for k in range(n)) / n
+    rows_ = torch.unique(torch.cat(idx))
+    ref = torch.nn.Parameter(init.clone())
+    ref.grad = torch.sparse_coo_tensor(rows_[None], dense[rows_], (10, 3))
+    torch.optim.SparseAdam([ref], lr=0.1).step()
+    for as_dense in (False, True):
+        emb = torch.nn.Embedding(10, 3, sparse=True).double()
+        with torch.no_grad():
+            emb.weight.copy_(init)
+        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(emb.parameters(), lr=0.1),
+                                       named_parameters=emb.named_parameters(), sparse_as_dense=as_dense)
+        (emb(idx[me]) * wts[me]).sum().backward()
+        opt.synchronize()
+        assert emb.weight.grad.is_sparse, "the gradient the update sees is sparse"
+        same(emb.weight.grad.to_dense(), dense, f"averaged sparse gradient (sparse_as_dense={as_dense})")
+        with opt.skip_synchronize():
+            opt.step()
+        same(emb.weight, ref, f"SparseAdam update (sparse_as_dense={as_dense})")
+
+
+# -- broadcast_optimizer_state --------------------------------------------------------------------------------------
+
+def _state_snapshot(opt):
+    params = [p for group in opt.param_groups for p in group["params"]]
+    return {i: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in opt.state[p].items()}
+            for i, p in enumerate(params) if p in opt.state and opt.state[p]}
+
+
+def _assert_state_equal(got, want, what):
+    assert sorted(got) == sorted(want), f"{what}: parameters with state {sorted(got)} != root's {sorted(want)}"
+    for i in want:
+        assert sorted(got[i]) == sorted(want[i]), f"{what}: param {i} keys {sorted(got[i])} != {sorted(want[i])}"
+        for key, value in want[i].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(got[i][key], value), f"{what}: param {i} {key}"
+            else:
+                assert got[i][key] == value, f"{what}: param {i} {key}: {got[i][key]!r} != {value!r}"
+
+
+class _LazyMomentum(torch.optim.Optimizer):
+    """State created lazily, only for parameters that had a gradient, with a non-tensor entry."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                state["buf"] = state.get("buf", torch.zeros_like(p)) * 0.9 + p.grad
+                state["seen"] = state.get("seen", 0) + 1
+                p.sub_(group["lr"] * state["buf"])
+
+
+def check_broadcast_optimizer_state_missing_grads(hvd, n, me):
+    """The root trained with a layer that never gets a gradient (Adam leaves it stateless); the other ranks are
+    fresh, or trained differently. Afterwards every rank's state is the root's: same entries, same values."""
+    for make, root in ((lambda ps: torch.optim.Adam(ps, lr=0.01), 0), (lambda ps: _LazyMomentum(ps), n - 1)):
+        torch.manual_seed(5)
+        used, unused = torch.nn.Linear(3, 2).double(), torch.nn.Linear(3, 2).double()
+        opt = make(list(used.parameters()) + list(unused.parameters()))
+        for step in range(2 if me == root else me % 2):      # the root trains; some others too, one step
+            opt.zero_grad()
+            used(data(me, (4, 3), salt=60 + step)).sum().backward()
+            opt.step()
+        opt.param_groups[0]["lr"] = 0.5 if me == root else 0.25
+        before = [p.detach().clone() for p in list(used.parameters()) + list(unused.parameters())]
+        hvd.broadcast_optimizer_state(opt, root_rank=root)
+        want = hvd.broadcast_object(_state_snapshot(opt) if me == root else None, root_rank=root, name="want")
+        _assert_state_equal(_state_snapshot(opt), want, type(opt).__name__)
+        assert opt.param_groups[0]["lr"] == 0.5
+        for p, q in zip(list(used.parameters()) + list(unused.parameters()), before):
+            assert torch.equal(p.detach(), q), "parameters untouched"
+        assert all(p.grad is None for p in unused.parameters()), "a missing gradient stays missing"
+
+
+def check_broadcast_optimizer_state_fresh_root(hvd, n, me):
+    """A fresh root (state created lazily by one step on zero gradients, as Horovod does) and trained others: the
+    others end with the root's freshly created state, for a plain and a distributed optimizer."""
+    for distributed in (False, True):
+        torch.manual_seed(6)
+        model = torch.nn.Linear(3, 2).double()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        if me != 0:
+            model(data(me, (4, 3), salt=70)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        if distributed:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        want = hvd.broadcast_object(_state_snapshot(opt) if me == 0 else None, root_rank=0, name="want0")
+        _assert_state_equal(_state_snapshot(opt), want, f"fresh root (distributed={distributed})")
+        assert float(opt.state[model.weight]["step"]) == 1.0, "Horovod's zero-gradient step counts"
+
+
 CHECKS = {name: fn for name, fn in sorted(globals().items()) if name.startswith("check_")}
 
 
