@@ -167,8 +167,6 @@ def test_tensorflow_mpi_ops_has_horovods_names():
     assert mpi_ops.allreduce is hvd.allreduce
 
 
-@pytest.mark.xfail(strict=True, reason="the synchronous differentiable ops live in horovod.torch.autograd, which "
-                                       "imports mpi_ops; adding them there is the bindings refactor's (issue 18 item 1)")
 def test_torch_mpi_ops_has_horovods_names():
     pytest.importorskip("torch")
     import horovod.torch as hvd

@@ -13,7 +13,7 @@ from horovod.torch.autograd import (allgather, allreduce, alltoall, broadcast, g
 from horovod.torch.compression import Compression
 from horovod.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                      broadcast_parameters)
-from horovod.torch.mpi_ops import (allgather_async, allreduce_, allreduce_async, allreduce_async_, alltoall_async,
+from horovod.torch.async_ops import (allgather_async, allreduce_, allreduce_async, allreduce_async_, alltoall_async,
                                    barrier, broadcast_, broadcast_async, broadcast_async_, grouped_allgather_async,
                                    grouped_allreduce_, grouped_allreduce_async,
                                    grouped_allreduce_async_, grouped_reducescatter_async, join, poll,

@@ -20,7 +20,7 @@ import torch
 
 from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
-from horovod.torch import mpi_ops as _ops
+from horovod.torch import async_ops as _ops
 from horovod.torch.compression import Compression
 
 __all__ = ["DistributedAdasumOptimizer"]

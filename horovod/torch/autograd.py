@@ -13,7 +13,7 @@ from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.compression import compress_all, decompress_all
 from horovod.runtime.process_sets import ProcessSet, global_process_set
-from horovod.torch import mpi_ops as _ops
+from horovod.torch import async_ops as _ops
 from horovod.torch.compression import Compression
 
 __all__ = ["allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",

@@ -8,7 +8,7 @@ import torch
 
 from horovod.runtime import collectives as _c
 from horovod.runtime.process_sets import ProcessSet, global_process_set
-from horovod.torch import mpi_ops as _ops
+from horovod.torch import async_ops as _ops
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
 

@@ -18,7 +18,7 @@ from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.compression import compress_all
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch import async_optimizers as _async
-from horovod.torch import mpi_ops as _ops
+from horovod.torch import async_ops as _ops
 from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer
 from horovod.torch.compression import Compression
 

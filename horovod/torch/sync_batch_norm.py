@@ -15,7 +15,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from horovod.runtime import collectives as _c
 from horovod.runtime.process_sets import ProcessSet, global_process_set
-from horovod.torch import mpi_ops as _ops
+from horovod.torch import async_ops as _ops
 from horovod.torch._tensors import check_tensor
 
 __all__ = ["SyncBatchNorm"]
