@@ -12,8 +12,8 @@ times, alternating, each row keeping its fastest time:
   ``--hierarchical-allreduce`` when R > 1);
 - ``torch-gloo``: each rank started inside its host's namespace (``ip netns exec``), ``GLOO_SOCKET_IFNAME`` its
   host's interface;
-- ``openmpi``: ``mpirun`` over ssh into the same hosts, mpi4py, ``pml ob1`` with the ``tcp`` BTL between hosts (and
-  ``vader`` inside one).
+- ``openmpi``: ``mpirun`` over ssh into the same hosts, mpi4py, ``pml ob1`` with the ``tcp`` BTL (also between the
+  ranks of one host: namespace hosts share ``/dev/shm`` and the host name, and the shared-memory BTL crashed there).
 
 ``--rate`` limits every host's link with a token bucket (``tc qdisc ... tbf``) on both ends of its veth. horovod-py also runs a "model step" (4.2 M float32 parameters in 24 tensors, one synchronous step, no compute),
 which ``python -m horovod.tools.scaling --check`` predicts. Writes
@@ -137,7 +137,9 @@ def run_mpi(cluster, per_host, plan):
            "--mca", "plm_rsh_args", f"{cluster.ssh_args} -i {cluster.identity_file}",
            "--mca", "plm_rsh_no_tree_spawn", "1",
            "--mca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet,
-           "--mca", "pml", "ob1", "--mca", "btl", "tcp,self,vader", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+           # TCP between every pair: namespace hosts share /dev/shm and the host name, and Open MPI's shared-memory
+           # BTL (vader) crashed there (SIGSEGV in mca_btl_vader_poll_handle_frag) with two ranks per host
+           "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
            sys.executable, os.path.join(HERE, "workers.py"), "mpi", json.dumps(plan)]
     subprocess.run(cmd, check=True, env=_env(), cwd=ROOT, timeout=JOB_TIMEOUT, stdout=subprocess.DEVNULL)
     return json.load(open(plan["out"]))
@@ -162,6 +164,8 @@ def run_layout(layout, args, tmp):
         runners["horovod-py-hier"] = lambda c, p: run_horovod(c, per_host, p, hierarchical=True)
     runners["torch-gloo"] = lambda c, p: run_gloo(c, per_host, p)
     runners["openmpi"] = lambda c, p: run_mpi(c, per_host, p)
+    if args.impls:
+        runners = {k: v for k, v in runners.items() if k in args.impls.split(",")}
     record = {"layout": layout, "ranks": hosts * per_host, "rate": args.rate, "results": {}, "rounds": {}}
     with NetnsCluster(hosts) as cluster:
         if args.rate:
@@ -175,7 +179,12 @@ def run_layout(layout, args, tmp):
                         "sizes": SIZES, "seconds": args.seconds, "out": os.path.join(tmp, f"{layout}-{impl}.json")}
                 print(f"[{layout}] {impl}, round {round_ + 1} of {args.rounds}", file=sys.stderr, flush=True)
                 started = time.monotonic()
-                rows = runner(cluster, plan)
+                try:
+                    rows = runner(cluster, plan)
+                except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
+                    print(f"[{layout}] {impl} failed, left out of this round: {exc}", file=sys.stderr, flush=True)
+                    record.setdefault("failures", []).append(f"{impl} round {round_ + 1}: {exc}")
+                    continue
                 record["rounds"].setdefault(impl, []).append(rows)
                 record["results"][impl] = best_of(record["results"].get(impl), rows)
                 print(f"[{layout}] {impl}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
@@ -233,6 +242,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.3, help="timed seconds per size and implementation")
     parser.add_argument("--max-mib", type=int, default=64)
     parser.add_argument("--ops", default="allreduce,allgather,broadcast")
+    parser.add_argument("--impls", default="", help="only these implementations (comma-separated names)")
     parser.add_argument("--rate", default="", help="limit every link, e.g. 10gbit or 1gbit (tc tbf)")
     parser.add_argument("--stream-bytes", type=int, default=STREAM_BYTES)
     parser.add_argument("--no-model-step", dest="model_step", action="store_false",
