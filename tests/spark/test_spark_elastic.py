@@ -60,6 +60,7 @@ def _kill_victim(out, killed, stop):
     killed.extend([agent, worker])
 
 
+@pytest.mark.slow
 def test_killed_python_worker_mid_epoch_training_resumes_from_the_last_commit(spark, tmp_path):
     import horovod.spark
     killed, stop = [], threading.Event()

@@ -28,6 +28,7 @@ def accuracy(predictions) -> float:
     return float((guesses == frame["label"].to_numpy()).mean())
 
 
+@pytest.mark.slow
 def test_torch_estimator_fits_transforms_and_round_trips(spark, digits, tmp_path):
     import torch
     import torch.nn.functional as F
@@ -56,6 +57,7 @@ def test_torch_estimator_fits_transforms_and_round_trips(spark, digits, tmp_path
     np.testing.assert_allclose(np.stack(again["label__output"]), np.stack(first["label__output"]), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_keras_estimator_fits_transforms_and_round_trips(spark, digits, tmp_path):
     import keras
     from horovod.spark.common.store import Store
