@@ -88,8 +88,8 @@ def make_optimizer(mode, model, args):
     named = model.named_parameters()
     lr = args.lr * hvd.size() if mode == "sync" else args.lr * 2
     momentum = 0.9
-    if mode == "stale":     # a one-step-old gradient under momentum 0.9 oscillates (73 % at 2 ranks): less
-        lr, momentum = args.lr * hvd.size() * 5, 0.0    # momentum (asynchrony acts as momentum itself)
+    if mode == "stale":     # a one-step-old gradient under momentum 0.9 oscillates (73 % at 2 ranks): plain SGD
+        lr, momentum = args.lr * 10, 0.0    # (asynchrony acts as momentum itself), not scaled (0.3 diverged at 3)
     inner = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     if mode == "sync":
         return hvd.DistributedOptimizer(inner, named_parameters=named)
