@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -55,10 +55,6 @@ class Spec:
     process_set: ProcessSet = global_process_set
     rows: Optional[Tuple[int, ...]] = None
     traced: bool = False
-
-    def named(self, name: str) -> "Spec":
-        """This spec under another name."""
-        return replace(self, name=name)
 
 
 def make_spec(kind: str, leaves: Sequence, name: Optional[str], **options) -> Spec:

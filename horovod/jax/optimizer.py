@@ -122,12 +122,16 @@ def DistributedOptimizer(optimizer, compression=Compression.none, backward_passe
         def update(grads, state, params=None, **extra_args):
             return inner.update(reduce(grads), state, params, **extra_args)
         return optax.GradientTransformationExtraArgs(inner.init, update)
+    return _accumulating(inner, reduce, backward_passes_per_step, scale)
 
+
+def _accumulating(inner, reduce, passes: int, scale: float):
+    """The transformation for ``backward_passes_per_step`` > 1: sum locally, reduce and update every n-th call."""
     def init(params):
         return DistributedState(jnp.zeros((), jnp.int32), jax.tree_util.tree_map(jnp.zeros_like, params),
                                 inner.init(params))
 
-    def update_accumulating(grads, state, params=None, **extra_args):
+    def update(grads, state, params=None, **extra_args):
         accumulated = jax.tree_util.tree_map(jnp.add, state.accumulated, grads)
         count = state.count + 1
 
@@ -140,9 +144,9 @@ def DistributedOptimizer(optimizer, compression=Compression.none, backward_passe
         def wait(_):
             return jax.tree_util.tree_map(jnp.zeros_like, grads), DistributedState(count, accumulated, state.inner)
         if tracing() or is_tracer(count):
-            return jax.lax.cond(count >= backward_passes_per_step, apply, wait, None)
-        return apply(None) if int(count) >= backward_passes_per_step else wait(None)   # eager: no retracing
-    return optax.GradientTransformationExtraArgs(init, update_accumulating)
+            return jax.lax.cond(count >= passes, apply, wait, None)
+        return apply(None) if int(count) >= passes else wait(None)   # eager: no retracing
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 __all__ = ["DistributedOptimizer", "DistributedState", "allreduce_gradients", "leaf_paths"]
