@@ -59,7 +59,7 @@ def train(epochs, batch_size, lr):
             loss.backward()
             optimizer.step()
         if hvd.rank() == 0:
-            print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)
+            print(f"epoch {epoch + 1}: loss {loss.item():.4f}", flush=True)
     with torch.no_grad():
         accuracy = float((model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean())
     return hvd.rank(), hvd.size(), accuracy
