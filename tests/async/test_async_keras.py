@@ -113,8 +113,10 @@ def _run():
     import horovod.tensorflow.keras as hvd
     hvd.init(process_sets="dynamic")
     try:
-        for check in (check_local_sgd_and_outer, check_stale, check_gossip, check_fit):
+        for check in (check_local_sgd_and_outer, check_stale, check_gossip):
             check(tf, keras, hvd)
+        if hvd.size() == 2:             # the traced path once (tracing four optimizers is the slow part)
+            check_fit(tf, keras, hvd)
     finally:
         hvd.shutdown()
     return True
