@@ -34,6 +34,14 @@ def pytest_configure(config):  # noqa: D103 — pytest hook
         config.addinivalue_line("markers", f"{name}: {doc}")
 
 
+def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
+    # Every test says which tier it is in, so `pytest -m unit` really is the suite's process-free part.
+    untiered = [item.nodeid for item in items if not any(item.get_closest_marker(tier) for tier in TIERS)]
+    if untiered:
+        raise pytest.UsageError("tests without a tier marker (pytest.mark.unit, .ranks or .cli): "
+                                + ", ".join(untiered[:10]))
+
+
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` is a live (not zombie) process."""
     try:
