@@ -144,6 +144,5 @@ def test_ten_thousand_mutated_frames_against_a_running_job(tmp_path):
     ratio = min(rate) / min(fuzzed_rate)
     print(f"{counts['frames']} mutated frames; steps/s unfuzzed {min(rate):.0f}, fuzzed {min(fuzzed_rate):.0f} "
           f"(time per step x{ratio:.2f})")
-    # The fuzzer runs in this process on the same two cores as the job and the rendezvous server: the figure is
-    # printed, and the bound kept loose enough for a loaded CI machine.
-    assert ratio < 2.0, f"the fuzzed job ran {ratio:.2f}x slower"
+    # The fuzzer runs in this process on the same two cores as the job and the rendezvous server: the slowdown is a
+    # figure to read (printed), not a test verdict; the test's verdict is zero wrong results and zero crashes.
