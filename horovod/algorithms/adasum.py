@@ -74,11 +74,10 @@ def _view(array: np.ndarray) -> memoryview:
 
 def _exchange(group: Group, partner: int, out: np.ndarray, into: np.ndarray) -> None:
     """Send ``out`` to the rank at position ``partner`` while receiving ``into`` from it."""
-    pending = group.transport.isend(group.ranks[partner], _view(out)) if out.size else None
-    if into.size:
-        group.transport.recv_into(group.ranks[partner], _view(into))
-    if pending is not None:
-        pending.wait()
+    duplex = group.transport.duplex()
+    duplex.send(group.ranks[partner], _view(out))
+    duplex.recv(group.ranks[partner], _view(into))
+    duplex.run()
 
 
 def _pieces(tensor_bounds: Sequence[int], lo: int, hi: int):

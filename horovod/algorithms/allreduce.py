@@ -89,7 +89,8 @@ def allreduce(group: Group, buf: np.ndarray, reduce_op: int, prescale: float, po
     elif algorithm == EXCHANGE:
         ring.exchange_allreduce(group, buf, ufunc, buffers.get("scratch", buf.dtype, (size - 1) * total + 1))
     else:
-        ring.ring_allreduce(group, buf, ufunc, buffers.get("scratch", buf.dtype, -(-total // size) + 1))
+        ring.ring_allreduce(group, buf, ufunc, buffers.get("scratch", buf.dtype, -(-total // size) + 1), post)
+        return
     reduction.scale(buf, post)
 
 

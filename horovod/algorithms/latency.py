@@ -45,10 +45,7 @@ def _view(array: np.ndarray) -> memoryview:
 
 
 def _swap_reduce(group: Group, partner: int, buf: np.ndarray, incoming: np.ndarray, ufunc) -> None:
-    peer = group.ranks[partner]
-    pending = group.transport.isend(peer, _view(buf))
-    group.transport.recv_into(peer, _view(incoming))
-    pending.wait()          # ``buf`` changes only once the partner has been sent the old value
+    _transfer(group, partner, send=buf, recv=incoming)   # ``buf`` changes only once the partner has it
     ufunc(buf, incoming, out=buf)
 
 
@@ -59,17 +56,27 @@ def recursive_doubling_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: 
         return
     p2 = 1 << (n.bit_length() - 1)
     incoming = scratch[:buf.size]
-    transport = group.transport
-    if me >= p2:                                  # fold into a partner, then wait for the result
-        transport.send(group.ranks[me - p2], _view(buf))
-        transport.recv_into(group.ranks[me - p2], _view(buf))
+    if me >= p2:
+        # Fold into a partner, then take its result into ``buf``: the result comes only after the partner received
+        # all of ``buf``, so no byte lands before the send has read it.
+        _transfer(group, me - p2, send=buf, recv=buf)
         return
     if me + p2 < n:
-        transport.recv_into(group.ranks[me + p2], _view(incoming))
+        _transfer(group, me + p2, recv=incoming)
         ufunc(buf, incoming, out=buf)
     distance = 1
     while distance < p2:
         _swap_reduce(group, me ^ distance, buf, incoming, ufunc)
         distance <<= 1
     if me + p2 < n:
-        transport.send(group.ranks[me + p2], _view(buf))
+        _transfer(group, me + p2, send=buf)
+
+
+def _transfer(group: Group, partner: int, send=None, recv=None) -> None:
+    """Send ``send`` to, then receive ``recv`` from, the rank at position ``partner`` (either may be None)."""
+    duplex = group.transport.duplex()
+    if send is not None:
+        duplex.send(group.ranks[partner], _view(send))
+    if recv is not None:
+        duplex.recv(group.ranks[partner], _view(recv))
+    duplex.run()

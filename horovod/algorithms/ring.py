@@ -13,6 +13,7 @@ from typing import List, Sequence
 
 import numpy as np
 
+from horovod.algorithms import reduction
 from horovod.algorithms.group import Group, segment_bounds
 
 __all__ = ["CHUNK_BYTES", "EXCHANGE_MAX_BYTES", "ring_reduce_scatter", "ring_allgather_segments", "ring_allreduce",
@@ -20,46 +21,9 @@ __all__ = ["CHUNK_BYTES", "EXCHANGE_MAX_BYTES", "ring_reduce_scatter", "ring_all
 
 CHUNK_BYTES = 1 << 20
 MIN_CHUNK_BYTES = 128 << 10
-# When everything a rank sends in one collective fits well inside the socket buffers (4 MiB asked, and the peer's
-# as many), a blocking send never waits for the peer, so the calling thread sends itself: no hand-off to the sender
-# thread, whose wake-up costs a scheduler round trip per piece on a busy machine.
-INLINE_TOTAL_BYTES = 2 << 20
-
-
-class _Forward:
-    """The sends of one collective to one peer: inline when they all fit the socket buffers, else queued."""
-
-    __slots__ = ("transport", "peer", "inline", "pending")
-
-    def __init__(self, transport, peer: int, total_bytes: int):
-        self.transport, self.peer = transport, peer
-        self.inline = total_bytes <= INLINE_TOTAL_BYTES
-        self.pending = []
-
-    def send(self, array: np.ndarray) -> None:
-        if self.inline:
-            self.transport.send(self.peer, _view(array))
-        else:
-            self.pending.append(self.transport.isend(self.peer, _view(array)))
-
-    def finish(self) -> None:
-        for future in self.pending:
-            future.wait()
 # Up to this size an allreduce is latency-bound: one all-to-all exchange of whole buffers (one network hop) beats the
 # ring's 2(n-1) dependent steps, and at two ranks it even moves the same bytes.
 EXCHANGE_MAX_BYTES = 64 << 10
-
-
-def _recv_reduce(group: Group, src: int, target: np.ndarray, scratch: np.ndarray, ufunc) -> None:
-    """Receive ``target.size`` elements from ``src`` chunk by chunk, combining each into ``target``."""
-    itemsize = target.itemsize
-    step = max(1, CHUNK_BYTES // itemsize)
-    incoming = scratch[:target.size]
-    raw = memoryview(incoming.view(np.uint8))
-    for start in range(0, target.size, step):
-        stop = min(target.size, start + step)
-        group.transport.recv_into(src, raw[start * itemsize:stop * itemsize])
-        ufunc(target[start:stop], incoming[start:stop], out=target[start:stop])
 
 
 def _view(array: np.ndarray) -> memoryview:
@@ -69,20 +33,40 @@ def _view(array: np.ndarray) -> memoryview:
 def ring_reduce_scatter(group: Group, buf: np.ndarray, bounds: Sequence[int], ufunc, scratch: np.ndarray) -> None:
     """After this, ``buf[bounds[i]:bounds[i+1]]`` on the rank at position ``i`` holds the reduction over all ranks.
 
-    ``scratch`` must hold at least the largest segment.
+    Pipelined like :func:`ring_allreduce`. ``scratch`` must hold at least the largest piece.
     """
     n, me = group.size, group.index
-    right, left = group.peer(1), group.peer(-1)
-    for step in range(n - 1):
-        send_seg = (me - step - 1) % n
-        recv_seg = (me - step - 2) % n
-        out = buf[bounds[send_seg]:bounds[send_seg + 1]]
-        inc = buf[bounds[recv_seg]:bounds[recv_seg + 1]]
-        pending = group.transport.isend(right, _view(out)) if out.size else None
-        if inc.size:
-            _recv_reduce(group, left, inc, scratch, ufunc)
-        if pending is not None:
-            pending.wait()
+    if n == 1 or buf.size == 0:
+        return
+    left, right, step = group.peer(-1), group.peer(1), _chunk_elems(buf, n)
+    duplex = group.transport.duplex()
+    first = (me - 1) % n
+    for lo, hi in _chunks(bounds[first], bounds[first + 1], step):
+        duplex.send(right, _view(buf[lo:hi]))
+    for k in range(n - 1):
+        seg = (me - k - 2) % n
+        for lo, hi in _chunks(bounds[seg], bounds[seg + 1], step):
+            if hi > lo:
+                duplex.recv(left, _view(scratch[:hi - lo]),
+                            _reduce_and_forward(duplex, right, buf[lo:hi], scratch[:hi - lo], ufunc, k < n - 2))
+    duplex.run()
+
+
+def _reduce_and_forward(duplex, right: int, target: np.ndarray, incoming: np.ndarray, ufunc, forward: bool,
+                        postscale: float = 1.0):
+    def then() -> None:
+        ufunc(target, incoming, out=target)
+        if postscale != 1.0:
+            reduction.scale(target, postscale)
+        if forward:
+            duplex.send(right, _view(target))
+    return then
+
+
+def _forward(duplex, right: int, target: np.ndarray):
+    def then() -> None:
+        duplex.send(right, _view(target))
+    return then
 
 
 def ring_allgather_segments(group: Group, buf: np.ndarray, bounds: Sequence[int]) -> None:
@@ -93,25 +77,21 @@ def ring_allgather_segments(group: Group, buf: np.ndarray, bounds: Sequence[int]
     n, me = group.size, group.index
     if n == 1:
         return
-    left, step = group.peer(-1), _chunk_elems(buf, n)
-    forward = _Forward(group.transport, group.peer(1), (buf.nbytes * (n - 1)) // n)
+    left, right, step = group.peer(-1), group.peer(1), _chunk_elems(buf, n)
+    duplex = group.transport.duplex()
     for lo, hi in _chunks(bounds[me], bounds[me + 1], step):
         if hi > lo:
-            forward.send(buf[lo:hi])
+            duplex.send(right, _view(buf[lo:hi]))
     for t in range(n - 1):
         seg = (me - t - 1) % n
         for lo, hi in _chunks(bounds[seg], bounds[seg + 1], step):
-            if lo == hi:
-                continue
-            group.transport.recv_into(left, _view(buf[lo:hi]))
-            if t < n - 2:
-                forward.send(buf[lo:hi])
-    forward.finish()
+            if hi > lo:
+                duplex.recv(left, _view(buf[lo:hi]), _forward(duplex, right, buf[lo:hi]) if t < n - 2 else None)
+    duplex.run()
 
 
 def _chunks(lo: int, hi: int, step: int):
-    """Split ``[lo, hi)`` into nearly equal pieces of at most ``step`` elements (no small tail: every piece of a
-    large segment is at least half a chunk, so it goes through the sender thread)."""
+    """Split ``[lo, hi)`` into nearly equal pieces of at most ``step`` elements (no small tail)."""
     count = max(1, -(-(hi - lo) // step))
     base, extra = divmod(hi - lo, count)
     start = lo
@@ -123,47 +103,46 @@ def _chunks(lo: int, hi: int, step: int):
 
 def _chunk_elems(buf: np.ndarray, n: int) -> int:
     # Pieces small enough that a step pipelines (at least four per segment), large enough that Python's per-piece
-    # cost (a queued send, a recv_into, a ufunc call: ~20 us) stays below a few percent of the piece's transfer.
+    # cost (a callback, a ufunc call, a few system calls: ~10 us) stays below a few percent of the piece's transfer.
     seg_bytes = buf.nbytes // n
     piece = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, seg_bytes // 4))
     return max(1, piece // buf.itemsize)
 
 
-def ring_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray) -> None:
-    """Reduce the flat contiguous ``buf`` in place across the group: a pipelined ring.
+def ring_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray, postscale: float = 1.0) -> None:
+    """Reduce the flat contiguous ``buf`` in place across the group, times ``postscale``: a pipelined ring.
 
-    The 2(n-1) steps (reduce-scatter, then allgather) run as one stream of pieces: a piece is sent on to the right
-    neighbour (by the sender thread) as soon as it has been received and reduced, so a step costs about one link
-    transfer and the reduction hides behind the transfer of the next piece; there is no barrier between steps.
-    A piece is overwritten by the allgather only after every rank, this one included, reduced it, so a queued send
-    never reads bytes that changed. ``scratch`` is a buffer of ``buf``'s dtype with at least
-    ``ceil(buf.size / n)`` elements.
+    The 2(n-1) steps (reduce-scatter, then allgather) run as one stream of pieces through one
+    :class:`~horovod.transport.duplex.Duplex`: a piece is queued for the right neighbour as soon as it has been
+    received and reduced, so a step costs about one link transfer, the reduction hides behind the transfer of the
+    next piece, and there is no barrier between steps. A piece is overwritten by the allgather only after every
+    rank, this one included, reduced it, so a queued send never reads bytes that changed. ``scratch`` is a buffer
+    of ``buf``'s dtype with at least one piece's elements (``ceil(buf.size / n)`` always suffices). Each rank
+    scales the segment it completes before passing it on, so the scaling costs 1/n of a pass over ``buf`` and
+    gives the bits of scaling the whole result afterwards.
     """
     n, me = group.size, group.index
     if n == 1 or buf.size == 0:
         return
     bounds = segment_bounds(buf.size, n)
-    left, transport, step = group.peer(-1), group.transport, _chunk_elems(buf, n)
-    forward = _Forward(transport, group.peer(1), 2 * (n - 1) * buf.nbytes // n)
+    left, right, step = group.peer(-1), group.peer(1), _chunk_elems(buf, n)
+    duplex = group.transport.duplex()
     first = (me - 1) % n
     for lo, hi in _chunks(bounds[first], bounds[first + 1], step):
-        forward.send(buf[lo:hi])
+        duplex.send(right, _view(buf[lo:hi]))
     last = 2 * (n - 1) - 1
     for k in range(last + 1):
         seg = (me - k - 2) % n if k < n - 1 else (me - k + n - 2) % n
         for lo, hi in _chunks(bounds[seg], bounds[seg + 1], step):
             if lo == hi:
                 continue
-            target = buf[lo:hi]
             if k < n - 1:
-                incoming = scratch[:hi - lo]
-                transport.recv_into(left, _view(incoming))
-                ufunc(target, incoming, out=target)
+                duplex.recv(left, _view(scratch[:hi - lo]),
+                            _reduce_and_forward(duplex, right, buf[lo:hi], scratch[:hi - lo], ufunc, True,
+                                                postscale if k == n - 2 else 1.0))
             else:
-                transport.recv_into(left, _view(target))
-            if k < last:
-                forward.send(target)
-    forward.finish()
+                duplex.recv(left, _view(buf[lo:hi]), _forward(duplex, right, buf[lo:hi]) if k < last else None)
+    duplex.run()
 
 
 def ring_allgatherv(group: Group, out: np.ndarray, byte_counts: List[int]) -> None:
@@ -184,15 +163,22 @@ def chain_broadcast(group: Group, buf: np.ndarray, root_index: int) -> None:
     pos = (group.index - root_index) % n
     raw = _view(buf)
     prev, nxt = group.peer(-1), group.peer(1)
-    pending = []
+    duplex = group.transport.duplex()
     for start in range(0, len(raw), CHUNK_BYTES):
         chunk = raw[start:start + CHUNK_BYTES]
-        if pos > 0:
-            group.transport.recv_into(prev, chunk)
-        if pos < n - 1:
-            pending.append(group.transport.isend(nxt, chunk))
-    for future in pending:
-        future.wait()
+        if pos == 0:
+            duplex.send(nxt, chunk)
+        elif pos < n - 1:
+            duplex.recv(prev, chunk, _forward_bytes(duplex, nxt, chunk))
+        else:
+            duplex.recv(prev, chunk)
+    duplex.run()
+
+
+def _forward_bytes(duplex, peer: int, chunk: memoryview):
+    def then() -> None:
+        duplex.send(peer, chunk)
+    return then
 
 
 def pairwise_alltoall(group: Group, send: np.ndarray, send_bounds: Sequence[int], recv: np.ndarray,
@@ -200,16 +186,15 @@ def pairwise_alltoall(group: Group, send: np.ndarray, send_bounds: Sequence[int]
     """Rank i's block ``send[send_bounds[j]:send_bounds[j+1]]`` lands in rank j's ``recv`` block i (uint8 buffers)."""
     n, me = group.size, group.index
     recv[recv_bounds[me]:recv_bounds[me + 1]] = send[send_bounds[me]:send_bounds[me + 1]]
-    for step in range(1, n):
+    if n == 1:
+        return
+    duplex = group.transport.duplex()
+    for step in range(1, n):       # every pair's block in flight at once; the links progress as they can
         dst = (me + step) % n
         src = (me - step) % n
-        out = send[send_bounds[dst]:send_bounds[dst + 1]]
-        inc = recv[recv_bounds[src]:recv_bounds[src + 1]]
-        pending = group.transport.isend(group.ranks[dst], _view(out)) if out.size else None
-        if inc.size:
-            group.transport.recv_into(group.ranks[src], _view(inc))
-        if pending is not None:
-            pending.wait()
+        duplex.send(group.ranks[dst], _view(send[send_bounds[dst]:send_bounds[dst + 1]]))
+        duplex.recv(group.ranks[src], _view(recv[recv_bounds[src]:recv_bounds[src + 1]]))
+    duplex.run()
 
 
 def exchange_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray) -> None:
@@ -221,19 +206,19 @@ def exchange_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray
     n, me = group.size, group.index
     if n == 1 or buf.size == 0:
         return
-    pending = [group.transport.isend(group.ranks[j], _view(buf)) for j in range(n) if j != me]
+    duplex = group.transport.duplex()
     contributions = []
     slot = 0
     for j in range(n):
         if j == me:
             contributions.append(buf)
             continue
+        duplex.send(group.ranks[j], _view(buf))
         incoming = scratch[slot * buf.size:(slot + 1) * buf.size]
-        group.transport.recv_into(group.ranks[j], _view(incoming))
+        duplex.recv(group.ranks[j], _view(incoming))
         contributions.append(incoming)
         slot += 1
-    for p in pending:
-        p.wait()          # ``buf`` may be overwritten only once every peer has been sent our contribution
+    duplex.run()          # ``buf`` may be overwritten only once every peer has been sent our contribution
     acc = contributions[0]
     for c in contributions[1:]:
         ufunc(acc, c, out=acc)

@@ -11,6 +11,7 @@ import threading
 from typing import Any, Callable, Dict, List, Tuple
 
 from horovod.algorithms.group import Group
+from horovod.transport.duplex import SerialDuplex
 
 __all__ = ["MemoryTransport", "run_threads"]
 
@@ -49,6 +50,10 @@ class MemoryTransport:
         """Send at once (pipes never fill); the returned future is complete."""
         self.send(peer, view)
         return _Done()
+
+    def duplex(self) -> SerialDuplex:
+        """Queued transfers completed in order (sends never block here)."""
+        return SerialDuplex(self)
 
     def recv_into(self, peer: int, view) -> None:
         """Fill ``view`` from the pipe from ``peer``; TimeoutError after ``timeout`` seconds without enough bytes."""

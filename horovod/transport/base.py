@@ -52,6 +52,10 @@ class Transport(Protocol):
     def recv_into(self, peer: int, view: memoryview) -> None:
         """Fill ``view`` with the next bytes from ``peer``."""
 
+    def duplex(self) -> Any:
+        """A :class:`horovod.transport.duplex.Duplex`: one collective's sends and receives, queued per peer and
+        progressed together on the calling thread."""
+
     def send_obj(self, peer: int, message: Any) -> None:
         """Send one control message (primitives only)."""
 

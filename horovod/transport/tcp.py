@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
+from horovod.transport.duplex import PollDuplex
 from horovod.transport.mesh import FORKED, MeshSetup, forked, watch_liveness
 
 __all__ = ["SendFuture", "TcpTransport", "forked", "watch_liveness"]
@@ -176,6 +177,24 @@ class TcpTransport(MeshSetup):
                 self._broken = f"{self._where(peer)} was lost: its connection failed ({exc}); the process died"
             self.close()
         return HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+
+    def fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
+        """The error for ``peer``'s connection failing with ``exc``; the transport fails as a whole."""
+        return self._fail(peer, exc)
+
+    def duplex(self) -> PollDuplex:
+        """A collective's sends and receives, progressed on the calling thread (see :mod:`~.duplex`)."""
+        return PollDuplex(self)
+
+    def quiesce(self, peer: int) -> None:
+        """Return once no queued send to ``peer`` is still being written (before another writer takes the
+        connection)."""
+        sender = self._senders.get(peer)
+        if sender is not None and sender.put != sender.done:
+            future = SendFuture()
+            sender.put += 1
+            sender.jobs.put((memoryview(b""), future))
+            future.wait()
 
     def check_open(self, peer: int) -> None:
         """Raise HorovodInternalError if ``peer`` hung up; bytes waiting on the connection are left there."""
