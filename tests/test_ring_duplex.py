@@ -21,8 +21,8 @@ class _PairTransport:
     def __init__(self, rank, size, socks, timeout):
         self.rank, self.size, self.timeout, self._socks = rank, size, timeout, socks
 
-    def fileno(self, peer):
-        return self._socks[peer].fileno()
+    def connection(self, peer):
+        return self._socks[peer]
 
     def quiesce(self, peer):
         return None

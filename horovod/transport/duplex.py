@@ -93,7 +93,7 @@ class PollDuplex(Duplex):
     """Over a socket transport: non-blocking writes and reads on the peers' connections, one ``poll`` when none
     can move.
 
-    ``transport`` provides ``fileno(peer)``, ``timeout``, ``silent(peer)``, ``fail(peer, exc)`` (the error that
+    ``transport`` provides ``connection(peer)`` (the socket), ``timeout``, ``silent(peer)``, ``fail(peer, exc)`` (the error that
     fails the transport) and ``quiesce(peer)`` (returns once nothing else is being written to the connection).
     """
 
@@ -107,7 +107,7 @@ class PollDuplex(Duplex):
         fd = self._fds.get(peer)
         if fd is None:
             self.transport.quiesce(peer)
-            fd = self._fds[peer] = self.transport.fileno(peer)
+            fd = self._fds[peer] = self.transport.connection(peer).fileno()
             if os.get_blocking(fd):       # a socket without a timeout: made non-blocking for this run only
                 os.set_blocking(fd, False)
                 self._restore.append(fd)

@@ -182,6 +182,10 @@ class TcpTransport(MeshSetup):
         """The error for ``peer``'s connection failing with ``exc``; the transport fails as a whole."""
         return self._fail(peer, exc)
 
+    def connection(self, peer: int) -> socket.socket:
+        """The socket to ``peer`` (for :class:`~horovod.transport.duplex.PollDuplex`)."""
+        return self._sock(peer)
+
     def duplex(self) -> PollDuplex:
         """A collective's sends and receives, progressed on the calling thread (see :mod:`~.duplex`)."""
         return PollDuplex(self)
