@@ -166,7 +166,8 @@ def run_layout(layout, args, tmp):
     runners["openmpi"] = lambda c, p: run_mpi(c, per_host, p)
     if args.impls:
         runners = {k: v for k, v in runners.items() if k in args.impls.split(",")}
-    record = {"layout": layout, "ranks": hosts * per_host, "rate": args.rate, "results": {}, "rounds": {}}
+    record = {"layout": layout, "ranks": hosts * per_host, "rate": args.rate, "results": {}, "rounds": {},
+              "machine_cores": os.cpu_count()}     # every namespace host runs on this machine's cores
     with NetnsCluster(hosts) as cluster:
         if args.rate:
             limit_links(cluster, args.rate)

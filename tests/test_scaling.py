@@ -52,3 +52,35 @@ def test_published_table_and_check_on_the_command_line(tmp_path, capsys):
     assert scaling.main(["--check", str(path)]) == 0
     assert "| 3x1 |" in capsys.readouterr().out
     assert scaling.main(["--params", "1e7", "--compute-ms", "100", "--fit", str(path), "--workers", "2,4"]) == 0
+
+
+def test_ranks_sharing_one_machines_cores_are_fitted_for_a_core_each():
+    # Namespace hosts on a 2-core machine: the 3-host layout runs every term at 2/3 speed.
+    truth = scaling.LinkModel(fixed_s=3e-4, hop_s=100e-6, efficiency=0.7)
+    records = _records(truth)
+    for record in records:
+        share = min(1.0, 2 / record["ranks"])
+        here = scaling.LinkModel(fixed_s=truth.fixed_s / share, hop_s=truth.hop_s / share,
+                                 efficiency=truth.efficiency * share, link_bytes_s=1e9,
+                                 copy_bytes_s=truth.copy_bytes_s * share)
+        for row in record["results"]["horovod-py"]:
+            if row["op"] == "allreduce":
+                row["seconds"] = scaling.allreduce_seconds(here, record["ranks"], row["bytes"])
+            else:
+                row["seconds"] = scaling.step_seconds(here, scaling.Workload("m", scaling.MODEL_STEP_PARAMS, 0.0),
+                                                      record["ranks"])
+        record["machine_cores"] = 2
+    fitted = scaling.fit(records)
+    assert (fitted.fixed_s, fitted.hop_s, fitted.efficiency) == pytest.approx((3e-4, 100e-6, 0.7), rel=1e-6)
+    assert all(abs(row["error"]) < 1e-6 for row in scaling.check(records))
+
+
+def test_a_cost_the_data_cannot_support_is_zero_not_negative():
+    # Pure bandwidth, plus noise that an unconstrained fit would explain with a negative fixed cost.
+    records = _records(scaling.LinkModel(fixed_s=0.0, hop_s=0.0, efficiency=0.5))
+    for record in records:
+        for row in record["results"]["horovod-py"]:
+            if row["op"] == "allreduce" and row["bytes"] <= 1024:
+                row["seconds"] *= 0.5
+    fitted = scaling.fit(records)
+    assert fitted.fixed_s >= 0 and fitted.hop_s >= 0 and fitted.efficiency > 0

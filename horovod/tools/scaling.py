@@ -15,10 +15,13 @@ the last fusion buffer's allreduce, which starts only when the backward pass end
 efficiency is ``T`` over the step time.
 
 ``--fit`` takes the cross-host benchmark's JSON (``bench/crosshost.py``) and fits ``c``, ``a`` and ``e`` to
-horovod-py's allreduce times of every flat layout by least squares on relative errors (one bandwidth for the
-machine; ``e`` is it over the mean measured link ceiling). Packing gradients into the fusion buffer and back costs
-``2 B`` at ``copy_bytes_s``. ``--check`` fits the same way and predicts the benchmark's model step (4.2 M
-parameters, no compute) on each layout, beside the measured time.
+horovod-py's allreduce times of every flat layout by non-negative least squares on relative errors (one bandwidth
+for the machine; ``e`` is it over the mean measured link ceiling). Namespace hosts share one machine's cores (the
+benchmark records ``machine_cores``), and on them the link is the kernel copying bytes, so with more ranks than cores
+every term slows by the ranks' share of a core; the fit divides that out, giving constants for ranks with a core
+each, as on a real cluster. Packing gradients into the fusion buffer and back costs ``2 B`` at ``copy_bytes_s``.
+``--check`` fits the same way and predicts the benchmark's model step (4.2 M parameters, no compute) on each layout,
+with that layout's share of a core and the packing rate measured on this machine, beside the measured time.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,7 +39,8 @@ import numpy as np
 __all__ = ["LinkModel", "Workload", "PUBLISHED", "allreduce_seconds", "step_seconds", "fit", "predict_table",
            "check", "main"]
 
-MODEL_STEP_PARAMS = 4 * sum([1 << k for k in range(10, 22)] + [256] * 12) // 4   # bench/workers.py MODEL_TENSORS
+MODEL_TENSORS = [1 << k for k in range(10, 22)] + [256] * 12     # bench/workers.py's model step
+MODEL_STEP_PARAMS = sum(MODEL_TENSORS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,20 +108,45 @@ def predict_table(link: LinkModel, works: Sequence[Workload], workers: Sequence[
     return "\n".join(lines)
 
 
+def _share(record) -> float:
+    """The share of a core each rank of ``record`` had: namespace hosts share one machine's ``machine_cores``
+    (recorded by the benchmark), so a CPU-bound link and Python's fixed costs slow down as ranks outnumber them."""
+    cores = record.get("machine_cores")
+    return min(1.0, cores / record["ranks"]) if cores else 1.0
+
+
 def _flat_rows(records) -> List[Tuple[int, float, float, float]]:
-    """(ranks, bytes, seconds) of horovod-py's allreduce rows on one-rank-per-host layouts."""
+    """(ranks, bytes, seconds, share of a core) of horovod-py's allreduce rows on one-rank-per-host layouts."""
     rows = []
     for record in records:
         if not record["layout"].endswith("x1"):
             continue
         for row in record["results"].get("horovod-py", []):
             if row["op"] == "allreduce":
-                rows.append((record["ranks"], row["bytes"], row["seconds"]))
+                rows.append((record["ranks"], row["bytes"], row["seconds"], _share(record)))
     return rows
 
 
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: the best of the unconstrained fits over subsets of the columns
+    (three columns: seven subsets), so a negative cost is never clamped after the fact."""
+    best, best_residual = np.zeros(x.shape[1]), float(np.sum(y ** 2))
+    columns = range(x.shape[1])
+    for mask in range(1, 1 << x.shape[1]):
+        keep = [c for c in columns if mask >> c & 1]
+        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if np.any(coef < 0):
+            continue
+        residual = float(np.sum((x[:, keep] @ coef - y) ** 2))
+        if residual < best_residual:
+            best, best_residual = np.zeros(x.shape[1]), residual
+            best[keep] = coef
+    return best
+
+
 def fit(records, base: LinkModel = LinkModel()) -> LinkModel:
-    """``c``, ``a`` and ``e`` fitted to the cross-host benchmark's horovod-py allreduces (relative least squares).
+    """``c``, ``a`` and ``e`` fitted to the cross-host benchmark's horovod-py allreduces (relative least squares,
+    non-negative), for ranks with a core each.
 
     Raises:
         ValueError: the records hold no flat layout with allreduce rows.
@@ -124,26 +154,43 @@ def fit(records, base: LinkModel = LinkModel()) -> LinkModel:
     rows = _flat_rows(records)
     if not rows:
         raise ValueError("no horovod-py allreduce rows of an HOSTSx1 layout in the benchmark records")
-    # seconds = c + a * 2(n-1) + 2(n-1)/n * B / W, linear in (c, a, 1/W); weight each row by 1/seconds. The
-    # bandwidth W is the machine's, fitted across layouts; e is W over the mean measured ceiling.
-    x = np.array([[1.0, 2 * (n - 1), 2 * (n - 1) / n * b] for n, b, _ in rows])
-    y = np.array([s for _, _, s in rows])
-    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
-    fixed, hop, inverse = (max(float(v), 0.0) for v in coef)
+    # seconds = (c + a * 2(n-1) + 2(n-1)/n * B / W) / share, linear in (c, a, 1/W); weight each row by 1/seconds.
+    # The bandwidth W is the machine's, fitted across layouts; e is W over the mean measured ceiling.
+    x = np.array([[1.0 / s, 2 * (n - 1) / s, 2 * (n - 1) / n * b / s] for n, b, _, s in rows])
+    y = np.array([t for _, _, t, _ in rows])
+    fixed, hop, inverse = (float(v) for v in _nonnegative_lstsq(x / y[:, None], np.ones_like(y)))
     ceiling = float(np.mean([r["ceiling_gbs"] for r in records if r["layout"].endswith("x1")])) * 1e9
     bandwidth = 1.0 / inverse if inverse > 0 else ceiling
     return dataclasses.replace(base, fixed_s=fixed, hop_s=hop, efficiency=bandwidth / ceiling, link_bytes_s=ceiling)
 
 
+def measure_copy_bytes_s(repeats: int = 20) -> float:
+    """This machine's rate of packing the benchmark model's gradients into a fusion buffer (numpy, as the engine
+    packs), in bytes per second: the ``copy_bytes_s`` of :func:`check` on the machine that ran the benchmark."""
+    tensors = [np.ones(n, np.float32) for n in MODEL_TENSORS]
+    buf = np.empty(sum(MODEL_TENSORS), np.float32)
+    np.concatenate(tensors, out=buf)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.concatenate(tensors, out=buf)
+        best = min(best, time.perf_counter() - start)
+    return buf.nbytes / best
+
+
 def check(records, link: Optional[LinkModel] = None) -> List[Dict[str, float]]:
-    """The benchmark's model step on every flat layout: measured best time against the fitted prediction."""
+    """The benchmark's model step on every flat layout: measured best time against the fitted prediction (each
+    layout with its ranks' share of the machine's cores, see :func:`fit`)."""
     link = link or fit(records)
     out = []
     for record in records:
         measured = [r["seconds"] for r in record["results"].get("horovod-py", []) if r["op"] == "model"]
         if not measured or not record["layout"].endswith("x1"):
             continue
-        predicted = step_seconds(link, Workload("model step", MODEL_STEP_PARAMS, 0.0), record["ranks"])
+        share = _share(record)
+        here = dataclasses.replace(link, fixed_s=link.fixed_s / share, hop_s=link.hop_s / share,
+                                   efficiency=link.efficiency * share, copy_bytes_s=link.copy_bytes_s * share)
+        predicted = step_seconds(here, Workload("model step", MODEL_STEP_PARAMS, 0.0), record["ranks"])
         out.append({"layout": record["layout"], "measured_s": measured[0], "predicted_s": predicted,
                     "error": predicted / measured[0] - 1.0})
     return out
@@ -160,6 +207,8 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--fit", help="bench/crosshost.py's JSON: fit the model's constants to it")
     parser.add_argument("--published", action="store_true", help="the three published models (128 x 4 GPUs)")
     parser.add_argument("--check", help="bench/crosshost.py's JSON: predicted vs measured model steps")
+    parser.add_argument("--copy-gbyte-s", type=float, help="with --check: packing rate of the machine that ran the "
+                        "benchmark (default: measured here)")
     return parser.parse_args(argv)
 
 
@@ -169,9 +218,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.check:
         with open(args.check) as handle:
             records = json.load(handle)
-        link = fit(records)
+        copy = args.copy_gbyte_s * 1e9 if args.copy_gbyte_s else measure_copy_bytes_s()
+        link = fit(records, LinkModel(copy_bytes_s=copy))
         print(f"fitted: c = {link.fixed_s * 1e3:.2f} ms per op, a = {link.hop_s * 1e6:.0f} us per step, "
-              f"e = {link.efficiency:.0%} of the link\n")
+              f"e = {link.efficiency:.0%} of the link, for ranks with a core each; packing "
+              f"{copy / 1e9:.1f} GB/s\n")
         print("| layout | measured | predicted | error |\n|---|---|---|---|")
         for row in check(records, link):
             print(f"| {row['layout']} | {row['measured_s'] * 1e3:.1f} ms | {row['predicted_s'] * 1e3:.1f} ms | "
