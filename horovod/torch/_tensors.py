@@ -13,7 +13,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["check_tensor", "numpy_view", "as_input", "as_output", "to_tensor"]
+__all__ = ["check_tensor", "numpy_view", "as_input", "as_input_view", "as_output", "to_tensor"]
 
 _GPU_MESSAGE = ("horovod-py supports only CPU tensors for now, but got a tensor on {device}. Move it to the CPU "
                 "with tensor.cpu() before the collective (and the result back with .to(device)) until GPU support "
@@ -63,18 +63,27 @@ def _forget(key: int, ref: weakref.ref) -> None:
 
 def as_input(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Optional[str]]:
     """The numpy array to submit for ``tensor``: a view when contiguous, else a view of a contiguous copy."""
+    view, dtype, _own = as_input_view(tensor, what)
+    return view, dtype
+
+
+def as_input_view(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Optional[str], bool]:
+    """:func:`as_input`, and whether the array is ``tensor``'s own memory (contiguous), so an in-place result
+    written there needs no copy back. Each torch call here costs a gradient a few hundred ns while the engine
+    thread runs, so the cached path asks torch four questions and no more."""
     key = id(tensor)
     entry = _views.get(key)
     if (entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr() and entry[2] == tensor.shape
             and entry[3] == tensor.dtype and tensor.is_contiguous()):
-        return entry[4], entry[5]
+        return entry[4], entry[5], True
     check_tensor(tensor, what)
     if not tensor.is_contiguous():
-        return numpy_view(tensor.contiguous())
+        view, dtype = numpy_view(tensor.contiguous())
+        return view, dtype, False
     view, dtype = numpy_view(tensor)
     ref = weakref.ref(tensor, lambda r, k=key: _forget(k, r))
     _views[key] = (ref, tensor.data_ptr(), tensor.shape, tensor.dtype, view, dtype)
-    return view, dtype
+    return view, dtype, True
 
 
 def as_output(tensor: torch.Tensor) -> Tuple[np.ndarray, Callable[[object], torch.Tensor]]:

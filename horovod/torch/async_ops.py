@@ -16,20 +16,21 @@ import torch
 from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.process_sets import ProcessSet, global_process_set
-from horovod.torch._tensors import as_input, as_output, check_tensor, to_tensor
+from horovod.torch._tensors import as_input, as_input_view, as_output, check_tensor, to_tensor
 
 __all__ = ["poll", "synchronize", "allreduce_async", "allreduce_async_", "allreduce_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "grouped_allreduce_", "sparse_allreduce_async", "allgather_async",
            "grouped_allgather_async", "broadcast_async", "broadcast_async_", "broadcast_",
            "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "join", "barrier"]
 
-_handle_map: Dict[int, Tuple[Any, Callable[[Any], Any]]] = {}
+# handle -> (core handle, finisher of the core's result or None, the tensor returned when there is no finisher)
+_handle_map: Dict[int, Tuple[Any, Optional[Callable[[Any], Any]], Any]] = {}
 _handle_ids = itertools.count()
 
 
-def _register(core_handle, finish: Callable[[Any], Any]) -> int:
+def _register(core_handle, finish: Optional[Callable[[Any], Any]], tensor=None) -> int:
     handle = next(_handle_ids)       # (atomic under the GIL, as the dict operations here: no lock per tensor)
-    _handle_map[handle] = (core_handle, finish)
+    _handle_map[handle] = (core_handle, finish, tensor)
     return handle
 
 
@@ -56,22 +57,23 @@ def synchronize(handle: int):
     entry = _handle_map.pop(handle, None)
     if entry is None:
         return None
-    core_handle, finish = entry
-    return finish(core_handle.result())
+    core_handle, finish, tensor = entry
+    result = core_handle.result()
+    return tensor if finish is None else finish(result)
 
 
 # -- allreduce ------------------------------------------------------------------------------------------------------
 
 def _allreduce_into(tensor, output, name, op, average, prescale_factor, postscale_factor, process_set) -> int:
-    source, dtype = as_input(tensor)
-    if output is tensor and tensor.is_contiguous():     # in place: the input's view is the output's (per gradient)
-        out_view, finish = source, lambda _result: tensor
-    else:
-        out_view, finish = as_output(output)
-    core = _c.allreduce_async(source, name=name, op=op, average=average, prescale_factor=prescale_factor,
-                              postscale_factor=postscale_factor, process_set=process_set,
-                              output=out_view, dtype=dtype)
-    return _register(core, finish)
+    # This runs once per gradient per step: positional arguments and no closure for the in-place case keep the
+    # binding's own cost per tensor near the numpy binding's.
+    source, dtype, own = as_input_view(tensor)
+    if output is tensor and own:     # in place: the input's view is the output's
+        return _register(_c.allreduce_async(source, name, op, average, prescale_factor, postscale_factor,
+                                            process_set, source, dtype), None, tensor)
+    out_view, finish = as_output(output)
+    return _register(_c.allreduce_async(source, name, op, average, prescale_factor, postscale_factor, process_set,
+                                        out_view, dtype), finish)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
