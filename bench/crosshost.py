@@ -2,6 +2,7 @@
 
     python bench/crosshost.py [--layouts 2x1,3x1,2x2] [--rounds 2] [--seconds 0.3] [--max-mib 64]
                               [--rate 10gbit] [--ops allreduce,allgather,broadcast] [--out bench/results/crosshost]
+    python bench/crosshost.py --render bench/results/crosshost/crosshost.json   # tables and plots again
 
 Each layout ``HxR`` is H namespace hosts (:class:`horovod.testing.netns.NetnsCluster`: veth links to one bridge, a real
 sshd each) with R ranks per host. In one run, per layout: the link's own limit (one plain TCP stream between two
@@ -197,9 +198,11 @@ def table(record, op):
     n, ceil = record["ranks"], record["ceiling_gbs"]
     ours = impls[:2] if "horovod-py-hier" in impls else impls[:1]
     peers = [i for i in impls if i not in ours]
+    both = record.get("ceiling_both_gbs") or ceil
     head = ["size"] + [f"{i} time / busbw" for i in impls] + [f"{o} / {p}" for o in ours for p in peers] + \
-        [f"{o} / link" for o in ours]
-    lines = [f"\n#### {op}, float32, {record['layout']} ({n} ranks), link {ceil:.2f} GB/s"
+        [f"{o} / link" for o in ours] + [f"{o} / link both ways" for o in ours]
+    lines = [f"\n#### {op}, float32, {record['layout']} ({n} ranks), link {ceil:.2f} GB/s one way, {both:.2f} GB/s "
+             f"each way with both at once"
              f"{' (' + record['rate'] + ')' if record['rate'] else ''}: best time per op, bus bandwidth (GB/s)\n",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = {i: [r for r in record["results"][i] if r["op"] == op] for i in impls}
@@ -207,7 +210,7 @@ def table(record, op):
         bws = {i: busbw(op, rows[i][k]["bytes"], rows[i][k]["seconds"], n) for i in impls}
         cells = [human(base["bytes"])] + [f"{rows[i][k]['seconds'] * 1e6:.0f} us / {bws[i]:.3f}" for i in impls]
         cells += [f"{bws[o] / bws[p]:.2f}x" for o in ours for p in peers]
-        cells += [f"{bws[o] / ceil:.0%}" for o in ours]
+        cells += [f"{bws[o] / ceil:.0%}" for o in ours] + [f"{bws[o] / both:.0%}" for o in ours]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -225,6 +228,8 @@ def plot(record, path) -> bool:
                if r["op"] == "allreduce"]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
     ax.axhline(record["ceiling_gbs"], color="grey", linestyle="--", label="link (one TCP stream)")
+    if record.get("ceiling_both_gbs"):
+        ax.axhline(record["ceiling_both_gbs"], color="grey", linestyle=":", label="link, each way with both at once")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("allreduce bus bandwidth (GB/s)")
@@ -249,7 +254,12 @@ def main() -> None:
     parser.add_argument("--no-model-step", dest="model_step", action="store_false",
                         help="skip horovod-py's model step (what the scaling planner is checked against)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "crosshost"))
+    parser.add_argument("--render", help="only write the tables and plots of this crosshost.json (no runs)")
     args = parser.parse_args()
+    if args.render:
+        with open(args.render) as handle:
+            report(json.load(handle), args.ops.split(","), args.out)
+        return
     reason = unavailable_reason()
     if reason:
         sys.exit(f"namespace hosts unavailable: {reason}")
@@ -260,7 +270,12 @@ def main() -> None:
             records.append(run_layout(layout, args, tmp))
             with open(os.path.join(args.out, "crosshost.json"), "w") as handle:
                 json.dump(records, handle, indent=1)
-    text = "\n".join(table(r, op) for r in records for op in args.ops.split(","))
+    report(records, args.ops.split(","), args.out)
+
+
+def report(records, ops, out) -> None:
+    """Tables (printed, and ``<out>/crosshost.md``) and plots of the records."""
+    text = "\n".join(table(r, op) for r in records for op in ops)
     text += "\n\n#### model step (4.2 M float32 parameters in 24 tensors, no compute), best time\n\n"
     text += "| layout | horovod-py | horovod-py-hier |\n|---|---|---|\n"
     for r in records:
@@ -268,11 +283,10 @@ def main() -> None:
                  for row in rows if row["op"] == "model"]
         text += f"| {r['layout']} | " + " | ".join(steps) + " |\n"
     print(text)
-    with open(os.path.join(args.out, "crosshost.md"), "w") as handle:
+    with open(os.path.join(out, "crosshost.md"), "w") as handle:
         handle.write(text + "\n")
     for record in records:
-        plot(record, os.path.join(args.out, f"crosshost-{record['layout']}.png"))
-
+        plot(record, os.path.join(out, f"crosshost-{record['layout']}.png"))
 
 if __name__ == "__main__":
     main()

@@ -3,8 +3,9 @@
 Connections are made once at ``init`` through the rendezvous (rank *j* dials every lower rank and accepts every
 higher one). Ranks on one host connect through a Unix-domain socket (Linux's abstract namespace) where they can:
 the same stream, without the TCP stack, so a small send costs about a tenth of a loopback TCP send. TCP is the
-fallback, and the only way between hosts. Each peer has a sender thread, so a ring step sends to the right while
-receiving from the left. A socket error, a closed connection or a peer silent for longer than the timeout becomes
+fallback, and the only way between hosts. A collective's transfers go through :meth:`TcpTransport.duplex`, which
+moves its sends and receives together on the calling thread (:mod:`horovod.transport.duplex`); each peer also has a
+sender thread, for :meth:`~TcpTransport.isend` of anything too large to go inline. A socket error, a closed connection or a peer silent for longer than the timeout becomes
 :class:`HorovodInternalError` naming the peer; the transport then closes every connection so that the other ranks
 learn of the failure at once instead of waiting for their own timeout.
 
