@@ -93,8 +93,9 @@ class PollDuplex(Duplex):
     """Over a socket transport: non-blocking writes and reads on the peers' connections, one ``poll`` when none
     can move.
 
-    ``transport`` provides ``connection(peer)`` (the socket), ``timeout``, ``silent(peer)``, ``fail(peer, exc)`` (the error that
-    fails the transport) and ``quiesce(peer)`` (returns once nothing else is being written to the connection).
+    ``transport`` provides ``connection(peer)`` (the socket), ``timeout``, ``silent(peer)``, ``fail(peer, exc)``
+    (the error that fails the transport) and ``quiesce(peer)`` (returns once nothing else is being written to the
+    connection).
     """
 
     def __init__(self, transport):
