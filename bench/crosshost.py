@@ -16,7 +16,8 @@ times, alternating, each row keeping its fastest time:
 - ``openmpi``: ``mpirun`` over ssh into the same hosts, mpi4py, ``pml ob1`` with the ``tcp`` BTL (also between the
   ranks of one host: namespace hosts share ``/dev/shm`` and the host name, and the shared-memory BTL crashed there).
 
-``--rate`` limits every host's link with a token bucket (``tc qdisc ... tbf``) on both ends of its veth. horovod-py also runs a "model step" (4.2 M float32 parameters in 24 tensors, one synchronous step, no compute),
+``--rate`` limits every host's link with a token bucket (``tc qdisc ... tbf``) on both ends of its veth.
+horovod-py also runs a "model step" (4.2 M float32 parameters in 24 tensors, one synchronous step, no compute),
 which ``python -m horovod.tools.scaling --check`` predicts. Writes
 ``<out>/crosshost.json``, ``<out>/crosshost.md`` and ``<out>/crosshost-<layout>.png``. Needs root (namespaces). Bus
 bandwidth as in bench/suite.py. A benchmark, not a test: nothing here asserts on time.
@@ -279,8 +280,8 @@ def report(records, ops, out) -> None:
     text += "\n\n#### model step (4.2 M float32 parameters in 24 tensors, no compute), best time\n\n"
     text += "| layout | horovod-py | horovod-py-hier |\n|---|---|---|\n"
     for r in records:
-        steps = [f"{row['seconds'] * 1e3:.1f} ms" for impl, rows in r["results"].items() if impl.startswith("horovod-py")
-                 for row in rows if row["op"] == "model"]
+        steps = [f"{row['seconds'] * 1e3:.1f} ms" for impl, rows in r["results"].items()
+                 if impl.startswith("horovod-py") for row in rows if row["op"] == "model"]
         text += f"| {r['layout']} | " + " | ".join(steps) + " |\n"
     print(text)
     with open(os.path.join(out, "crosshost.md"), "w") as handle:
