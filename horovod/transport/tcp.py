@@ -1,13 +1,14 @@
 """Socket transport: one authenticated, full-duplex connection between every pair of ranks.
 
 Connections are made once at ``init`` through the rendezvous (rank *j* dials every lower rank and accepts every
-higher one). Ranks on one host connect through a Unix-domain socket (Linux's abstract namespace) where they can:
-the same stream, without the TCP stack, so a small send costs about a tenth of a loopback TCP send. TCP is the
-fallback, and the only way between hosts. A collective's transfers go through :meth:`TcpTransport.duplex`, which
-moves its sends and receives together on the calling thread (:mod:`horovod.transport.duplex`); each peer also has a
-sender thread, for :meth:`~TcpTransport.isend` of anything too large to go inline. A socket error, a closed connection or a peer silent for longer than the timeout becomes
-:class:`HorovodInternalError` naming the peer; the transport then closes every connection so that the other ranks
-learn of the failure at once instead of waiting for their own timeout.
+higher one). Ranks on one host connect through a Unix-domain socket (Linux's abstract namespace) where they can: the
+same stream, without the TCP stack, so a small send costs about a tenth of a loopback TCP send. TCP is the fallback,
+and the only way between hosts. A collective's transfers go through :meth:`TcpTransport.duplex`, which moves its
+sends and receives together on the calling thread (:mod:`horovod.transport.duplex`); each peer also has a sender
+thread, for :meth:`~TcpTransport.isend` of anything too large to go inline. A socket error, a closed connection or a
+peer silent for longer than the timeout becomes :class:`HorovodInternalError` naming the peer; the transport then
+closes every connection so that the other ranks learn of the failure at once instead of waiting for their own
+timeout.
 
 Liveness is the kernel's, separate from progress: every TCP connection has keepalive probes and a bound on
 unacknowledged data (``HOROVOD_LIVENESS_TIMEOUT``), which the peer's kernel answers whatever its Python does (a rank
