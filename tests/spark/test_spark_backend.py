@@ -65,8 +65,11 @@ def test_signal_reaches_the_worker_and_a_lost_agent_counts_as_killed(server):
     assert handle.wait(10) == -signal.SIGTERM
     handle.release()
     thread.join(10)
+    # The server learns of agent 0's end from its connection, after the agent's thread is done: wait for that, so
+    # that agent 1 is the only one connected.
+    assert server.wait_for(lambda agents: agents == [], 10)
     thread, box = start_agent(server, index=1)
-    handle = launch(server, "import time; time.sleep(60)", index=0)  # agent 1 is the only one connected
+    handle = launch(server, "import time; time.sleep(60)", index=0)
     server.agents()[0].sock.shutdown(2)  # the agent's connection ends, as when its process dies
     assert handle.wait(10) == -signal.SIGKILL
     thread.join(10)
