@@ -1,7 +1,9 @@
 """The worker of the chaos trials (tests/elastic/test_chaos.py): a small paced numpy training job.
 
 Markers under ELASTIC_TEST_OUT: ``pid.<host>.<slot>.<pid>`` at start, ``commit.<host>.<slot>.<pid>`` (one line
-``<epoch> <batch> <rank> <size> <time>`` per committed step), ``final.<host>.<slot>.<pid>.json`` at the end.
+``<epoch> <batch> <rank> <size> <time>`` per committed step), ``final.<host>.<slot>.<pid>.json`` at the end; with
+``CHAOS_SLOW_CONNECT``, ``connecting.<...>`` from the slow worker and ``meshing.<...>`` from the others as they make
+the mesh.
 """
 
 import json
@@ -29,20 +31,25 @@ def touch(name, text=""):
 
 
 touch(f"pid.{ME}")
-if os.environ.get("CHAOS_SLOW_CONNECT") == os.environ["HOROVOD_HOSTNAME"]:
-    # This worker has its place in the round but dawdles before it connects (the test kills it there), while the
-    # others wait for it inside hvd.init().
+if os.environ.get("CHAOS_SLOW_CONNECT"):
     from horovod.runtime import basics
     connect = basics.connect
 
-    def slow_connect(*args, **kwargs):
-        if not os.path.exists(os.path.join(OUT, "slowed")):
-            touch("slowed")
-            touch(f"connecting.{ME}")
-            time.sleep(30)
-        return connect(*args, **kwargs)
-
-    basics.connect = slow_connect
+    if os.environ["CHAOS_SLOW_CONNECT"] == os.environ["HOROVOD_HOSTNAME"]:
+        # This worker has its place in the round but dawdles before it connects (the test kills it there), while
+        # the others wait for it inside hvd.init().
+        def slow_connect(*args, **kwargs):
+            if not os.path.exists(os.path.join(OUT, "slowed")):
+                touch("slowed")
+                touch(f"connecting.{ME}")
+                time.sleep(30)
+            return connect(*args, **kwargs)
+        basics.connect = slow_connect
+    else:
+        def marked_connect(*args, **kwargs):
+            touch(f"meshing.{ME}")       # the test kills the slow worker once the others are this far
+            return connect(*args, **kwargs)
+        basics.connect = marked_connect
 hvd.init()
 sampler = elastic.ElasticIndexSampler(N, shuffle=True, seed=3)
 state = elastic.ObjectState(lambda obj: hvd.broadcast_object(obj, 0), hvd.rank, epoch=0, params=np.zeros(4),

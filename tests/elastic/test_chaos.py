@@ -137,7 +137,7 @@ def test_a_worker_lost_while_the_first_round_connects_leads_to_a_new_round(tmp_p
                      {"CHAOS_EPOCHS": "1", "CHAOS_SLOW_CONNECT": "127.0.0.2"}, script=WORKER)
     try:
         _wait(lambda: bool(run.markers("connecting.*")), run, 60, "the slow worker to be connecting")
-        time.sleep(0.5)     # the others are inside hvd.init(), waiting for its mesh
+        _wait(lambda: len(run.markers("meshing.*")) >= 2, run, 60, "the others inside hvd.init(), making the mesh")
         victim = run.markers("connecting.*")[0][len("connecting."):]
         killed = time.monotonic()
         os.kill(int(victim.rsplit(".", 1)[1]), signal.SIGKILL)
