@@ -27,7 +27,7 @@ from pyspark.sql import functions
 
 from horovod.spark.common.store import Store
 
-__all__ = ["DatasetInfo", "prepare_data", "ShardReader", "column_to_numpy"]
+__all__ = ["DatasetInfo", "prepare_data", "ShardReader", "column_to_numpy", "feature_arrays"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +107,19 @@ def column_to_numpy(column: pa.ChunkedArray) -> np.ndarray:
             raise ValueError("array column rows have different lengths")
         return values.reshape(rows, values.size // rows if rows else 0)
     return array.to_numpy(zero_copy_only=False)
+
+
+def feature_arrays(batch: Dict[str, np.ndarray], spec: Dict[str, object]) -> List[np.ndarray]:
+    """The model's inputs from a batch: each of ``spec["feature_cols"]`` as float32, reshaped to its entry of
+    ``spec["input_shapes"]`` (batch dimension first) where one is given; both estimators feed their models these."""
+    shapes = spec["input_shapes"] or []
+    inputs = []
+    for i, column in enumerate(spec["feature_cols"]):
+        array = batch[column].astype(np.float32)
+        if i < len(shapes) and shapes[i] is not None:
+            array = array.reshape([len(array)] + [int(d) for d in list(shapes[i])[1:]])
+        inputs.append(array)
+    return inputs
 
 
 class ShardReader:

@@ -18,7 +18,7 @@ import numpy as np
 import keras
 
 import horovod.tensorflow.keras as hvd
-from horovod.spark.common.data import ShardReader
+from horovod.spark.common.data import ShardReader, feature_arrays
 from horovod.spark.common.estimator import dataset_steps
 
 __all__ = ["train", "model_to_bytes", "model_from_bytes"]
@@ -43,14 +43,7 @@ def model_from_bytes(data: bytes, custom_objects: Optional[Dict[str, Any]] = Non
 
 
 def _arrays(batch: Dict[str, np.ndarray], spec: Dict[str, Any]) -> Tuple[List[np.ndarray], List[np.ndarray]]:
-    shapes = spec["input_shapes"] or []
-    inputs = []
-    for i, column in enumerate(spec["feature_cols"]):
-        array = batch[column].astype(np.float32)
-        if i < len(shapes) and shapes[i] is not None:
-            array = array.reshape([len(array)] + [int(d) for d in list(shapes[i])[1:]])
-        inputs.append(array)
-    return inputs, [batch[c] for c in spec["label_cols"]]
+    return feature_arrays(batch, spec), [batch[c] for c in spec["label_cols"]]
 
 
 def _feed(reader: ShardReader, steps: int, spec: Dict[str, Any]) -> Iterator[tuple]:

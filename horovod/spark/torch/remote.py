@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import horovod.torch as hvd
-from horovod.spark.common.data import ShardReader
+from horovod.spark.common.data import ShardReader, feature_arrays
 from horovod.spark.common.estimator import dataset_steps
 
 __all__ = ["train", "to_tensors"]
@@ -26,13 +26,7 @@ def _name(metric, index: int) -> str:
 
 def to_tensors(batch: Dict[str, np.ndarray], spec: Dict[str, Any]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
     """Model inputs (float32, reshaped to ``input_shapes``) and labels (int64 for integer columns, else float32)."""
-    shapes = spec["input_shapes"] or []
-    inputs = []
-    for i, column in enumerate(spec["feature_cols"]):
-        array = batch[column].astype(np.float32)
-        if i < len(shapes) and shapes[i] is not None:
-            array = array.reshape([len(array)] + [int(d) for d in list(shapes[i])[1:]])
-        inputs.append(torch.from_numpy(np.ascontiguousarray(array)))
+    inputs = [torch.from_numpy(np.ascontiguousarray(array)) for array in feature_arrays(batch, spec)]
     labels = []
     for column in spec["label_cols"]:
         array = batch[column]
