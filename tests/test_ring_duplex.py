@@ -103,7 +103,7 @@ def test_a_blocking_socket_is_driven_without_blocking_and_restored():
 
 @pytest.mark.unit
 @pytest.mark.parametrize("n", [3, 4])
-def test_reduce_scatter_allgather_broadcast_alltoall_and_doubling_match_numpy(n):
+def test_reduce_scatter_allgather_broadcasts_alltoall_and_doubling_match_numpy(n):
     count = 700_001
     bufs = _inputs(n, count, np.float64)
     bounds = segment_bounds(count, n)
@@ -123,8 +123,11 @@ def test_reduce_scatter_allgather_broadcast_alltoall_and_doubling_match_numpy(n)
         ring.pairwise_alltoall(g, send, [5 * i for i in range(n + 1)], recv, [5 * i for i in range(n + 1)])
         rd = bufs[me][:1000].copy()
         latency.recursive_doubling_allreduce(g, rd, np.add, np.empty(1000))
-        return rs[bounds[me]:bounds[me + 1]], ag, bc, recv, rd
-    for me, (rs, ag, bc, recv, rd) in enumerate(_run(n, body)):
+        small = bufs[me][:999].copy()
+        latency.direct_broadcast(g, small.view(np.uint8), n - 1)
+        return rs[bounds[me]:bounds[me + 1]], ag, bc, recv, rd, small
+    for me, (rs, ag, bc, recv, rd, small) in enumerate(_run(n, body)):
+        np.testing.assert_array_equal(small, bufs[n - 1][:999])
         np.testing.assert_allclose(rs, total[bounds[me]:bounds[me + 1]], rtol=1e-12)
         np.testing.assert_array_equal(ag, np.concatenate([bufs[r][bounds[r]:bounds[r + 1]] for r in range(n)]))
         np.testing.assert_array_equal(bc, bufs[1])

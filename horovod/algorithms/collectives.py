@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from horovod.algorithms import ring, shm_collectives
+from horovod.algorithms import latency, ring, shm_collectives
 from horovod.algorithms.group import Group
 
 __all__ = ["SHM_MAX_SINGLE_ROUND", "use_shm", "allgatherv", "broadcast", "alltoall", "reduce_scatter"]
@@ -36,6 +36,8 @@ def broadcast(group: Group, raw: np.ndarray, root_index: int) -> None:
     """Copy the flat uint8 ``raw`` of the rank at ``root_index`` to every rank."""
     if use_shm(group, raw.size):
         shm_collectives.broadcast(group, raw, root_index)
+    elif group.size > 2 and raw.size <= ring.EXCHANGE_MAX_BYTES:
+        latency.direct_broadcast(group, raw, root_index)     # one hop; the chain's n - 1 cost more than the bytes
     else:
         ring.chain_broadcast(group, raw, root_index)
 

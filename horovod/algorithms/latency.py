@@ -1,4 +1,5 @@
-"""Latency-bound allreduce: recursive doubling, and the cost model that picks it over the one-hop exchange.
+"""Latency-bound collectives: recursive doubling and the cost model that picks it over the one-hop exchange, and
+the one-hop broadcast.
 
 Below ``ring.EXCHANGE_MAX_BYTES`` a ring's 2(n-1) dependent steps cost more than the bytes. Two algorithms compete
 there: the exchange (every rank sends its whole buffer to every peer: one hop, but ``n - 1`` messages per rank, each a
@@ -6,6 +7,10 @@ few microseconds of Python and ``nbytes`` on the wire), and recursive doubling (
 ``nbytes`` each; with ``n`` not a power of two the ranks past the largest power of two fold into a partner first and
 get the result back last, two hops more). :func:`prefer_recursive_doubling` compares the two with a simple
 latency/bandwidth model, the same on every rank since it reads only ``n`` and ``nbytes``.
+
+A small broadcast goes straight from the root to every rank (:func:`direct_broadcast`): one hop instead of the
+chain's ``n - 1``, for ``n - 1`` messages from the root, which below ``ring.EXCHANGE_MAX_BYTES`` cost less than the
+hops.
 
 Recursive doubling gives every rank the same bits: at each step a pair adds the same two partial results (``a + b``
 and ``b + a`` are equal in IEEE arithmetic, and so are min, max and products).
@@ -18,7 +23,7 @@ import numpy as np
 from horovod.algorithms.group import Group
 
 __all__ = ["HOP_SECONDS", "MESSAGE_SECONDS", "BYTE_SECONDS", "prefer_recursive_doubling",
-           "recursive_doubling_allreduce"]
+           "recursive_doubling_allreduce", "direct_broadcast"]
 
 # The model's constants, measured on the project's machines (namespace hosts over veth, see docs/performance.md):
 HOP_SECONDS = 60e-6        # one dependent network hop, wake-up included
@@ -79,4 +84,18 @@ def _transfer(group: Group, partner: int, send=None, recv=None) -> None:
         duplex.send(group.ranks[partner], _view(send))
     if recv is not None:
         duplex.recv(group.ranks[partner], _view(recv))
+    duplex.run()
+
+
+def direct_broadcast(group: Group, raw: np.ndarray, root_index: int) -> None:
+    """Copy the flat uint8 ``raw`` of the rank at ``root_index`` to every rank, the root sending to all at once."""
+    if group.size == 1 or raw.size == 0:
+        return
+    duplex = group.transport.duplex()
+    if group.index == root_index:
+        for position, rank in enumerate(group.ranks):
+            if position != root_index:
+                duplex.send(rank, _view(raw))
+    else:
+        duplex.recv(group.ranks[root_index], _view(raw))
     duplex.run()
