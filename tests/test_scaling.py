@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from horovod.tools import scaling
@@ -76,7 +77,12 @@ def test_ranks_sharing_one_machines_cores_are_fitted_for_a_core_each():
 
 
 def test_a_cost_the_data_cannot_support_is_zero_not_negative():
-    # Pure bandwidth, plus noise that an unconstrained fit would explain with a negative fixed cost.
+    # y falls with x: the unconstrained fit is 4 - x (a negative slope). Clamping that slope to 0 afterwards would
+    # keep the intercept 4 (residual 14); the best fit with both coefficients >= 0 is the mean, 2, with slope 0.
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([3.0, 2.0, 1.0])
+    np.testing.assert_allclose(scaling._nonnegative_lstsq(x, y), [2.0, 0.0], atol=1e-12)
+    # And through the fit: noise that an unconstrained fit would explain with a negative cost.
     records = _records(scaling.LinkModel(fixed_s=0.0, hop_s=0.0, efficiency=0.5))
     for record in records:
         for row in record["results"]["horovod-py"]:

@@ -20,7 +20,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from horovod.algorithms.group import Group
+from horovod.algorithms.group import Group, sendrecv
 
 __all__ = ["NORM_FLOOR", "coefficients", "combine_pair", "adasum_reduce", "vhdd_allreduce"]
 
@@ -68,18 +68,6 @@ def adasum_reduce(contributions: List[np.ndarray], tensor_bounds: Sequence[int])
     return level[0]
 
 
-def _view(array: np.ndarray) -> memoryview:
-    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
-
-
-def _exchange(group: Group, partner: int, out: np.ndarray, into: np.ndarray) -> None:
-    """Send ``out`` to the rank at position ``partner`` while receiving ``into`` from it."""
-    duplex = group.transport.duplex()
-    duplex.send(group.ranks[partner], _view(out))
-    duplex.recv(group.ranks[partner], _view(into))
-    duplex.run()
-
-
 def _pieces(tensor_bounds: Sequence[int], lo: int, hi: int):
     """Each tensor's piece of the segment ``[lo, hi)``, as (start, stop), empty pieces included."""
     return [(min(max(s, lo), hi), min(max(e, lo), hi)) for s, e in zip(tensor_bounds[:-1], tensor_bounds[1:])]
@@ -98,7 +86,7 @@ def _combine(group: Group, distance: int, mine: np.ndarray, theirs: np.ndarray, 
     incoming = np.empty_like(sums)
     step = 1
     while step <= distance:    # sum over the 2 * distance ranks holding pieces of these vectors
-        _exchange(group, group.index ^ step, sums, incoming)
+        sendrecv(group, group.index ^ step, sums, incoming)
         sums += incoming
         step <<= 1
     for i, (s, e) in enumerate(pieces):
@@ -130,7 +118,7 @@ def vhdd_allreduce(group: Group, buf: np.ndarray, tensor_bounds: Sequence[int], 
         left = not me & distance
         keep, give = ((lo, lo + half), (lo + half, hi)) if left else ((lo + half, hi), (lo, lo + half))
         incoming = scratch[:keep[1] - keep[0]]
-        _exchange(group, me ^ distance, buf[give[0]:give[1]], incoming)
+        sendrecv(group, me ^ distance, buf[give[0]:give[1]], incoming)
         _combine(group, distance, buf[keep[0]:keep[1]], incoming, _pieces(tensor_bounds, *keep), left, keep[0])
         spans.append(give)
         lo, hi = keep
@@ -138,5 +126,5 @@ def vhdd_allreduce(group: Group, buf: np.ndarray, tensor_bounds: Sequence[int], 
     while spans:          # distance halving: the partner sends back the half this rank gave it, now combined
         distance >>= 1
         give = spans.pop()
-        _exchange(group, me ^ distance, buf[lo:hi], buf[give[0]:give[1]])
+        sendrecv(group, me ^ distance, buf[lo:hi], buf[give[0]:give[1]])
         lo, hi = min(lo, give[0]), max(hi, give[1])

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Tuple
 
+import numpy as np
+
 from horovod.transport.base import Transport
 
-__all__ = ["Group", "segment_bounds"]
+__all__ = ["Group", "segment_bounds", "byte_view", "sendrecv"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,3 +39,19 @@ def segment_bounds(total: int, parts: int):
     for i in range(parts):
         bounds.append(bounds[-1] + base + (1 if i < extra else 0))
     return bounds
+
+
+def byte_view(array: np.ndarray) -> memoryview:
+    """The bytes of a contiguous ``array`` (of any shape), without a copy, for the transport."""
+    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+
+
+def sendrecv(group: Group, partner: int, send: Optional[np.ndarray] = None,
+             recv: Optional[np.ndarray] = None) -> None:
+    """Send ``send`` to the rank at position ``partner`` while receiving ``recv`` from it (either may be None)."""
+    duplex = group.transport.duplex()
+    if send is not None:
+        duplex.send(group.ranks[partner], byte_view(send))
+    if recv is not None:
+        duplex.recv(group.ranks[partner], byte_view(recv))
+    duplex.run()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from horovod.algorithms.group import Group
+from horovod.algorithms.group import Group, byte_view, sendrecv
 
 __all__ = ["HOP_SECONDS", "MESSAGE_SECONDS", "BYTE_SECONDS", "prefer_recursive_doubling",
            "recursive_doubling_allreduce", "direct_broadcast"]
@@ -45,12 +45,8 @@ def prefer_recursive_doubling(n: int, nbytes: int) -> bool:
     return doubling < exchange
 
 
-def _view(array: np.ndarray) -> memoryview:
-    return memoryview(array.view(np.uint8))
-
-
 def _swap_reduce(group: Group, partner: int, buf: np.ndarray, incoming: np.ndarray, ufunc) -> None:
-    _transfer(group, partner, send=buf, recv=incoming)   # ``buf`` changes only once the partner has it
+    sendrecv(group, partner, send=buf, recv=incoming)   # ``buf`` changes only once the partner has it
     ufunc(buf, incoming, out=buf)
 
 
@@ -64,27 +60,17 @@ def recursive_doubling_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: 
     if me >= p2:
         # Fold into a partner, then take its result into ``buf``: the result comes only after the partner received
         # all of ``buf``, so no byte lands before the send has read it.
-        _transfer(group, me - p2, send=buf, recv=buf)
+        sendrecv(group, me - p2, send=buf, recv=buf)
         return
     if me + p2 < n:
-        _transfer(group, me + p2, recv=incoming)
+        sendrecv(group, me + p2, recv=incoming)
         ufunc(buf, incoming, out=buf)
     distance = 1
     while distance < p2:
         _swap_reduce(group, me ^ distance, buf, incoming, ufunc)
         distance <<= 1
     if me + p2 < n:
-        _transfer(group, me + p2, send=buf)
-
-
-def _transfer(group: Group, partner: int, send=None, recv=None) -> None:
-    """Send ``send`` to, then receive ``recv`` from, the rank at position ``partner`` (either may be None)."""
-    duplex = group.transport.duplex()
-    if send is not None:
-        duplex.send(group.ranks[partner], _view(send))
-    if recv is not None:
-        duplex.recv(group.ranks[partner], _view(recv))
-    duplex.run()
+        sendrecv(group, me + p2, send=buf)
 
 
 def direct_broadcast(group: Group, raw: np.ndarray, root_index: int) -> None:
@@ -95,7 +81,7 @@ def direct_broadcast(group: Group, raw: np.ndarray, root_index: int) -> None:
     if group.index == root_index:
         for position, rank in enumerate(group.ranks):
             if position != root_index:
-                duplex.send(rank, _view(raw))
+                duplex.send(rank, byte_view(raw))
     else:
-        duplex.recv(group.ranks[root_index], _view(raw))
+        duplex.recv(group.ranks[root_index], byte_view(raw))
     duplex.run()

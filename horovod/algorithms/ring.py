@@ -14,7 +14,7 @@ from typing import List, Sequence
 import numpy as np
 
 from horovod.algorithms import reduction
-from horovod.algorithms.group import Group, segment_bounds
+from horovod.algorithms.group import Group, byte_view, segment_bounds
 
 __all__ = ["CHUNK_BYTES", "EXCHANGE_MAX_BYTES", "ring_reduce_scatter", "ring_allgather_segments", "ring_allreduce",
            "ring_allgatherv", "chain_broadcast", "pairwise_alltoall", "exchange_allreduce"]
@@ -24,10 +24,6 @@ MIN_CHUNK_BYTES = 128 << 10
 # Up to this size an allreduce is latency-bound: one all-to-all exchange of whole buffers (one network hop) beats the
 # ring's 2(n-1) dependent steps, and at two ranks it even moves the same bytes.
 EXCHANGE_MAX_BYTES = 64 << 10
-
-
-def _view(array: np.ndarray) -> memoryview:
-    return memoryview(array.view(np.uint8)) if array.size else memoryview(b"")
 
 
 def ring_reduce_scatter(group: Group, buf: np.ndarray, bounds: Sequence[int], ufunc, scratch: np.ndarray) -> None:
@@ -42,12 +38,12 @@ def ring_reduce_scatter(group: Group, buf: np.ndarray, bounds: Sequence[int], uf
     duplex = group.transport.duplex()
     first = (me - 1) % n
     for lo, hi in _chunks(bounds[first], bounds[first + 1], step):
-        duplex.send(right, _view(buf[lo:hi]))
+        duplex.send(right, byte_view(buf[lo:hi]))
     for k in range(n - 1):
         seg = (me - k - 2) % n
         for lo, hi in _chunks(bounds[seg], bounds[seg + 1], step):
             if hi > lo:
-                duplex.recv(left, _view(scratch[:hi - lo]),
+                duplex.recv(left, byte_view(scratch[:hi - lo]),
                             _reduce_and_forward(duplex, right, buf[lo:hi], scratch[:hi - lo], ufunc, k < n - 2))
     duplex.run()
 
@@ -59,13 +55,13 @@ def _reduce_and_forward(duplex, right: int, target: np.ndarray, incoming: np.nda
         if postscale != 1.0:
             reduction.scale(target, postscale)
         if forward:
-            duplex.send(right, _view(target))
+            duplex.send(right, byte_view(target))
     return then
 
 
-def _forward(duplex, right: int, target: np.ndarray):
+def _forward(duplex, peer: int, view: memoryview):
     def then() -> None:
-        duplex.send(right, _view(target))
+        duplex.send(peer, view)
     return then
 
 
@@ -81,12 +77,13 @@ def ring_allgather_segments(group: Group, buf: np.ndarray, bounds: Sequence[int]
     duplex = group.transport.duplex()
     for lo, hi in _chunks(bounds[me], bounds[me + 1], step):
         if hi > lo:
-            duplex.send(right, _view(buf[lo:hi]))
+            duplex.send(right, byte_view(buf[lo:hi]))
     for t in range(n - 1):
         seg = (me - t - 1) % n
         for lo, hi in _chunks(bounds[seg], bounds[seg + 1], step):
             if hi > lo:
-                duplex.recv(left, _view(buf[lo:hi]), _forward(duplex, right, buf[lo:hi]) if t < n - 2 else None)
+                piece = byte_view(buf[lo:hi])
+                duplex.recv(left, piece, _forward(duplex, right, piece) if t < n - 2 else None)
     duplex.run()
 
 
@@ -129,7 +126,7 @@ def ring_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray, po
     duplex = group.transport.duplex()
     first = (me - 1) % n
     for lo, hi in _chunks(bounds[first], bounds[first + 1], step):
-        duplex.send(right, _view(buf[lo:hi]))
+        duplex.send(right, byte_view(buf[lo:hi]))
     last = 2 * (n - 1) - 1
     for k in range(last + 1):
         seg = (me - k - 2) % n if k < n - 1 else (me - k + n - 2) % n
@@ -137,11 +134,12 @@ def ring_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray, po
             if lo == hi:
                 continue
             if k < n - 1:
-                duplex.recv(left, _view(scratch[:hi - lo]),
+                duplex.recv(left, byte_view(scratch[:hi - lo]),
                             _reduce_and_forward(duplex, right, buf[lo:hi], scratch[:hi - lo], ufunc, True,
                                                 postscale if k == n - 2 else 1.0))
             else:
-                duplex.recv(left, _view(buf[lo:hi]), _forward(duplex, right, buf[lo:hi]) if k < last else None)
+                piece = byte_view(buf[lo:hi])
+                duplex.recv(left, piece, _forward(duplex, right, piece) if k < last else None)
     duplex.run()
 
 
@@ -161,7 +159,7 @@ def chain_broadcast(group: Group, buf: np.ndarray, root_index: int) -> None:
     if n == 1 or buf.size == 0:
         return
     pos = (group.index - root_index) % n
-    raw = _view(buf)
+    raw = byte_view(buf)
     prev, nxt = group.peer(-1), group.peer(1)
     duplex = group.transport.duplex()
     for start in range(0, len(raw), CHUNK_BYTES):
@@ -169,16 +167,10 @@ def chain_broadcast(group: Group, buf: np.ndarray, root_index: int) -> None:
         if pos == 0:
             duplex.send(nxt, chunk)
         elif pos < n - 1:
-            duplex.recv(prev, chunk, _forward_bytes(duplex, nxt, chunk))
+            duplex.recv(prev, chunk, _forward(duplex, nxt, chunk))
         else:
             duplex.recv(prev, chunk)
     duplex.run()
-
-
-def _forward_bytes(duplex, peer: int, chunk: memoryview):
-    def then() -> None:
-        duplex.send(peer, chunk)
-    return then
 
 
 def pairwise_alltoall(group: Group, send: np.ndarray, send_bounds: Sequence[int], recv: np.ndarray,
@@ -192,8 +184,8 @@ def pairwise_alltoall(group: Group, send: np.ndarray, send_bounds: Sequence[int]
     for step in range(1, n):       # every pair's block in flight at once; the links progress as they can
         dst = (me + step) % n
         src = (me - step) % n
-        duplex.send(group.ranks[dst], _view(send[send_bounds[dst]:send_bounds[dst + 1]]))
-        duplex.recv(group.ranks[src], _view(recv[recv_bounds[src]:recv_bounds[src + 1]]))
+        duplex.send(group.ranks[dst], byte_view(send[send_bounds[dst]:send_bounds[dst + 1]]))
+        duplex.recv(group.ranks[src], byte_view(recv[recv_bounds[src]:recv_bounds[src + 1]]))
     duplex.run()
 
 
@@ -213,9 +205,9 @@ def exchange_allreduce(group: Group, buf: np.ndarray, ufunc, scratch: np.ndarray
         if j == me:
             contributions.append(buf)
             continue
-        duplex.send(group.ranks[j], _view(buf))
+        duplex.send(group.ranks[j], byte_view(buf))
         incoming = scratch[slot * buf.size:(slot + 1) * buf.size]
-        duplex.recv(group.ranks[j], _view(incoming))
+        duplex.recv(group.ranks[j], byte_view(incoming))
         contributions.append(incoming)
         slot += 1
     duplex.run()          # ``buf`` may be overwritten only once every peer has been sent our contribution

@@ -108,8 +108,12 @@ class PollDuplex(Duplex):
         fd = self._fds.get(peer)
         if fd is None:
             self.transport.quiesce(peer)
-            fd = self._fds[peer] = self.transport.connection(peer).fileno()
-            if os.get_blocking(fd):       # a socket without a timeout: made non-blocking for this run only
+            sock = self.transport.connection(peer)
+            fd = self._fds[peer] = sock.fileno()
+            # A socket with a timeout is non-blocking underneath already (Python polls before each call); one
+            # without (timeout 0: wait forever) is made non-blocking for this run only. Asking Python, not the
+            # kernel, saves a system call per peer per collective.
+            if sock.gettimeout() is None:
                 os.set_blocking(fd, False)
                 self._restore.append(fd)
         return fd
