@@ -149,8 +149,15 @@ import horovod.numpy as hvd
 from horovod.common.exceptions import HorovodInternalError
 hvd.init()
 hvd.allreduce(np.ones(4), name="warmup")
+here = os.path.dirname(os.path.abspath(__file__))
 if hvd.rank() == 1:
+    # Die only once the others are past the warmup (it may complete here first): the error must come from the
+    # training loop below, not from the warmup outside it.
+    deadline = time.monotonic() + 30
+    while not all(os.path.exists(os.path.join(here, f"warm.{r}")) for r in (0, 2)) and time.monotonic() < deadline:
+        time.sleep(0.01)
     os._exit(3)
+open(os.path.join(here, f"warm.{hvd.rank()}"), "w").close()
 start = time.monotonic()
 try:
     for i in range(1000):
