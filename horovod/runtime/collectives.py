@@ -127,7 +127,8 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
             raise ValueError(f"Adasum needs floating-point tensors, not {dtype}")
     if dtype == "bool" and (reduce_op == Average or prescale_factor != 1.0 or postscale_factor != 1.0):
         raise ValueError("boolean tensors cannot be averaged or scaled; use op=hvd.Sum, Min or Max")
-    if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
+    if output is not None and output is not array and (output.shape != array.shape
+                                                       or not output.flags.c_contiguous):
         raise ValueError(f"allreduce output must be contiguous with shape {array.shape}")
     if output is not None and not output.flags.writeable:
         raise ValueError(f"allreduce in place needs a writable array; this one is read-only")

@@ -7,13 +7,13 @@ travels as its raw ``uint16`` bit pattern with ``dtype="bfloat16"`` so the core 
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["check_tensor", "numpy_view", "as_input", "as_input_view", "as_output", "to_tensor"]
+__all__ = ["check_tensor", "numpy_view", "inplace_view", "as_input", "as_input_view", "as_output",
+           "to_tensor"]
 
 _GPU_MESSAGE = ("horovod-py supports only CPU tensors for now, but got a tensor on {device}. Move it to the CPU "
                 "with tensor.cpu() before the collective (and the result back with .to(device)) until GPU support "
@@ -48,41 +48,84 @@ def numpy_view(tensor: torch.Tensor) -> Tuple[np.ndarray, Optional[str]]:
     return t.numpy(), None
 
 
-# Views of contiguous tensors, by tensor object: a training loop hands over the same gradient tensors every step, and
-# ``Tensor.numpy()`` costs several microseconds per call, which is most of the binding's cost per tensor. An entry is
-# used only while its tensor lives (weak reference; the entry goes when the tensor does) and still has the same data
-# pointer, shape and dtype and is contiguous, so ``t.data = ...``, ``set_`` or ``resize_`` make a new view.
-_views: Dict[int, tuple] = {}
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    entry = _views.get(key)
-    if entry is not None and entry[0] is ref:
-        del _views[key]
-
-
 def as_input(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Optional[str]]:
-    """The numpy array to submit for ``tensor``: a view when contiguous, else a view of a contiguous copy."""
-    view, dtype, _own = as_input_view(tensor, what)
-    return view, dtype
+    """The numpy array to submit for ``tensor``: a view when contiguous, else a view of a contiguous copy. The
+    array keeps the memory it shows alive, so the caller need not keep ``tensor``."""
+    check_tensor(tensor, what)
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return numpy_view(tensor)
+
+
+# Views for in-place collectives, by data pointer. A training step hands over its gradients every step, and making a
+# numpy view (``Tensor.numpy()``, about 1.5 us) would be most of the binding's cost per gradient. These views do not
+# own their memory: they are made from the address, so an entry holds no dead tensor's memory, needs no weak reference
+# to be dropped (a weak reference's callback costs more than the view), and serves the next tensor at the same address
+# (``zero_grad()`` frees the gradients, and the next backward pass gets the same blocks back from the allocator). An
+# entry serves a tensor only if the tensor's shape and dtype are the ones the view was made for and it is contiguous
+# without a negative bit: then the view is exactly the tensor's memory, whichever tensor made the entry. The caller
+# keeps the tensor alive until its collective completes (the torch handle holds it).
+#   data pointer -> (shape, torch dtype, numpy view, core dtype name)
+_inplace_views: Dict[int, tuple] = {}
+_INPLACE_VIEWS_MAX = 1 << 15       # distinct addresses kept; past this the map starts again (a few MB at most)
+
+# torch dtype -> (numpy dtype of the view, the core's dtype name): the dtypes the core reduces.
+_CORE_DTYPES = {torch.uint8: (np.dtype(np.uint8), "uint8"), torch.int8: (np.dtype(np.int8), "int8"),
+                torch.int16: (np.dtype(np.int16), "int16"), torch.int32: (np.dtype(np.int32), "int32"),
+                torch.int64: (np.dtype(np.int64), "int64"), torch.float16: (np.dtype(np.float16), "float16"),
+                torch.bfloat16: (np.dtype(np.uint16), "bfloat16"), torch.float32: (np.dtype(np.float32), "float32"),
+                torch.float64: (np.dtype(np.float64), "float64"), torch.bool: (np.dtype(np.bool_), "bool")}
+
+
+def inplace_view(tensor: torch.Tensor) -> Optional[tuple]:
+    """For an in-place collective on ``tensor``: ``(shape, dtype, view, core dtype name)``, with ``view`` a numpy
+    array over the tensor's own memory, or None when the tensor needs the general path (non-contiguous, empty, or
+    of a dtype the core does not reduce; the general path gives the errors). Runs once per gradient per step: a hit
+    asks torch five questions and nothing else. The caller keeps ``tensor`` alive while the view is in use.
+
+    Raises:
+        TypeError, ValueError: as :func:`check_tensor`.
+    """
+    try:
+        entry = _inplace_views.get(tensor.data_ptr())
+    except (AttributeError, RuntimeError):     # not a tensor, or one without a data pointer (sparse)
+        check_tensor(tensor)
+        raise
+    if entry is not None and entry[0] == tensor.shape and entry[1] == tensor.dtype and tensor.is_contiguous():
+        return entry
+    return _new_inplace_view(check_tensor(tensor))
+
+
+class _Memory:
+    """An address, shape and dtype in numpy's array interface: what a view of memory numpy does not own is made of."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, shape: Tuple[int, ...], dtype: np.dtype):
+        self.__array_interface__ = {"data": (address, False), "shape": shape, "typestr": dtype.str, "version": 3}
+
+
+def _new_inplace_view(tensor: torch.Tensor) -> Optional[tuple]:
+    core = _CORE_DTYPES.get(tensor.dtype)
+    address = tensor.data_ptr()
+    if core is None or address == 0 or tensor.numel() < 2 or not tensor.is_contiguous() or tensor.is_neg():
+        return None
+    shape = tuple(tensor.shape)
+    view = np.asarray(_Memory(address, shape, core[0]))
+    if len(_inplace_views) >= _INPLACE_VIEWS_MAX:
+        _inplace_views.clear()
+    entry = _inplace_views[address] = (tensor.shape, tensor.dtype, view, core[1])
+    return entry
 
 
 def as_input_view(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Optional[str], bool]:
     """:func:`as_input`, and whether the array is ``tensor``'s own memory (contiguous), so an in-place result
-    written there needs no copy back. Each torch call here costs a gradient a few hundred ns while the engine
-    thread runs, so the cached path asks torch four questions and no more."""
-    key = id(tensor)
-    entry = _views.get(key)
-    if (entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr() and entry[2] == tensor.shape
-            and entry[3] == tensor.dtype and tensor.is_contiguous()):
-        return entry[4], entry[5], True
+    written there needs no copy back."""
     check_tensor(tensor, what)
     if not tensor.is_contiguous():
         view, dtype = numpy_view(tensor.contiguous())
         return view, dtype, False
     view, dtype = numpy_view(tensor)
-    ref = weakref.ref(tensor, lambda r, k=key: _forget(k, r))
-    _views[key] = (ref, tensor.data_ptr(), tensor.shape, tensor.dtype, view, dtype)
     return view, dtype, True
 
 

@@ -16,7 +16,7 @@ import torch
 from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.process_sets import ProcessSet, global_process_set
-from horovod.torch._tensors import as_input, as_input_view, as_output, check_tensor, to_tensor
+from horovod.torch._tensors import as_input, as_input_view, as_output, check_tensor, inplace_view, to_tensor
 
 __all__ = ["poll", "synchronize", "allreduce_async", "allreduce_async_", "allreduce_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "grouped_allreduce_", "sparse_allreduce_async", "allgather_async",
@@ -65,8 +65,6 @@ def synchronize(handle: int):
 # -- allreduce ------------------------------------------------------------------------------------------------------
 
 def _allreduce_into(tensor, output, name, op, average, prescale_factor, postscale_factor, process_set) -> int:
-    # This runs once per gradient per step: positional arguments and no closure for the in-place case keep the
-    # binding's own cost per tensor near the numpy binding's.
     source, dtype, own = as_input_view(tensor)
     if output is tensor and own:     # in place: the input's view is the output's
         return _register(_c.allreduce_async(source, name, op, average, prescale_factor, postscale_factor,
@@ -98,7 +96,17 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      op: Optional[int] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`allreduce_async`: ``tensor`` receives the result."""
-    return _allreduce_into(tensor, tensor, name, op, average, prescale_factor, postscale_factor, process_set)
+    # This runs once per gradient per step: a cached view of the tensor's memory, positional arguments and no
+    # closure keep the binding's own cost per tensor near the numpy binding's. The handle holds ``tensor``, whose
+    # memory the view does not own, until ``synchronize``.
+    found = inplace_view(tensor)
+    if found is None:
+        return _allreduce_into(tensor, tensor, name, op, average, prescale_factor, postscale_factor, process_set)
+    view = found[2]
+    core = _c.allreduce_async(view, name, op, average, prescale_factor, postscale_factor, process_set, view, found[3])
+    handle = next(_handle_ids)
+    _handle_map[handle] = (core, None, tensor)     # (what _register does, without a call)
+    return handle
 
 
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -133,6 +141,14 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              name: Optional[str] = None, op: Optional[int] = None, prescale_factor: float = 1.0,
                              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`grouped_allreduce_async`."""
+    found = [inplace_view(t) for t in tensors]
+    if found and all(f is not None for f in found):     # every tensor's own memory: no copies, nothing to finish
+        views = [f[2] for f in found]
+        core = _c.grouped_allreduce_async(views, name=name, op=op, average=average, prescale_factor=prescale_factor,
+                                          postscale_factor=postscale_factor, process_set=process_set, outputs=views,
+                                          dtypes=[f[3] for f in found])
+        kept = list(tensors)       # the handle holds the tensors, whose memory the views do not own
+        return _register(core, lambda _results: kept)
     return _grouped_allreduce_into(tensors, list(tensors), name, op, average, prescale_factor, postscale_factor,
                                    process_set)
 

@@ -104,6 +104,45 @@ def check_inplace_async_and_noncontiguous(hvd, n, me):
     assert scalar.shape == () and float(scalar) == n * (n + 1) / 2
 
 
+def check_inplace_views_follow_the_tensor(hvd, n, me):
+    # Fresh gradients every step (zero_grad(set_to_none=True)) land at addresses the cache has seen: each in-place
+    # result must be that step's reduction, in that step's tensor.
+    for step in range(4):
+        grads = [data(me, (64,), salt=40 + step + i) for i in range(6)]
+        handles = [hvd.allreduce_async_(g, op=hvd.Sum, name=f"fresh.{i}") for i, g in enumerate(grads)]
+        for i, (g, h) in enumerate(zip(grads, handles)):
+            assert hvd.synchronize(h) is g
+            close(g, reduce_ref(all_data(n, (64,), torch.float32, 40 + step + i), hvd.Sum, hvd), f"step {step} #{i}")
+        del grads, handles
+    # The caller may drop its tensor before synchronize: the handle keeps it (the view does not own the memory).
+    handle = hvd.allreduce_async_(data(me, (256,), salt=50), op=hvd.Max, name="dropped")
+    litter = [torch.full((256,), -1.0) for _ in range(8)]     # would reuse the memory if the handle had let it go
+    close(hvd.synchronize(handle), reduce_ref(all_data(n, (256,), torch.float32, 50), hvd.Max, hvd), "dropped")
+    del litter
+    # Same address, new shape, dtype or layout: a new view each time.
+    t = data(me, (16,), salt=51)
+    hvd.allreduce_(t, op=hvd.Sum, name="meta.a")
+    t.resize_(8)
+    t.copy_(data(me, (8,), salt=52))
+    close(hvd.allreduce_(t, op=hvd.Sum, name="meta.b"), reduce_ref(all_data(n, (8,), torch.float32, 52), hvd.Sum, hvd),
+          "resized")
+    ints = data(me, (8,), torch.int32, salt=53)
+    t.data = ints.view(torch.float32).view(torch.int32)      # the same memory seen as int32 again
+    close(hvd.allreduce_(t, op=hvd.Max, name="meta.c"), reduce_ref(all_data(n, (8,), torch.int32, 53), hvd.Max, hvd),
+          "dtype")
+    square = data(me, (3, 3), salt=54)
+    hvd.allreduce_(square, op=hvd.Sum, name="meta.d")
+    square.copy_(data(me, (3, 3), salt=55))
+    square.t_()                                               # same address, shape and dtype; not contiguous
+    close(hvd.allreduce_(square, op=hvd.Sum, name="meta.e"),
+          reduce_ref(all_data(n, (3, 3), torch.float32, 55), hvd.Sum, hvd).t(), "transposed in place")
+    for dtype in (torch.bfloat16, torch.int64, torch.bool):
+        x = data(me, (12,), dtype, salt=56)
+        op = hvd.Max if dtype == torch.bool else hvd.Sum
+        close(hvd.allreduce_(x, op=op, name=f"dt.{dtype}"), reduce_ref(all_data(n, (12,), dtype, 56), op, hvd).to(dtype),
+              f"in place {dtype}")
+
+
 def check_grouped_allreduce(hvd, n, me):
     shapes = [((3,), torch.float32), ((2, 2), torch.float64), ((5,), torch.bfloat16), ((4,), torch.int32)]
     make = lambda r: [data(r, s, d, salt=4 + i) for i, (s, d) in enumerate(shapes)]  # noqa: E731
