@@ -62,6 +62,8 @@ def resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
 
 
 _REDUCE_OPS = {int(op): op for op in ReduceOp}
+# A Request from a full tuple of its fields, without the named tuple's Python-level constructor (per gradient).
+_new_request = tuple.__new__
 
 
 def _set_id(process_set: Optional[ProcessSet]) -> int:
@@ -113,10 +115,17 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
                     dtype: Optional[str] = None, *, _full_name: Optional[str] = None, _group: int = -1,
                     _group_size: int = 0) -> Handle:
     """Start an allreduce of ``array``; the handle's result is the reduced array (``output`` if given)."""
-    reduce_op = resolve_op(op, average)
-    set_id = _set_id(process_set)
-    array = _contiguous(np.asarray(array))
-    dtype = _dtype(array, dtype)
+    # This runs once per gradient per step: the helpers' common cases are inline.
+    reduce_op = _REDUCE_OPS.get(op) if average is None and op is not None else resolve_op(op, average)
+    if reduce_op is None:
+        reduce_op = resolve_op(op, average)
+    set_id = process_set.process_set_id if process_set is not None else None
+    if set_id is None:
+        set_id = _set_id(process_set)
+    if type(array) is not np.ndarray:
+        array = np.asarray(array)
+    array = _contiguous(array)
+    dtype = dtype or dtype_name(array)
     if reduce_op == Adasum:
         size = len(_set_ranks(set_id))
         if set_id != 0:
@@ -132,9 +141,10 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
         raise ValueError(f"allreduce output must be contiguous with shape {array.shape}")
     if output is not None and not output.flags.writeable:
         raise ValueError(f"allreduce in place needs a writable array; this one is read-only")
-    request = Request(_full_name or _name("allreduce", name, process_set), OpType.ALLREDUCE, dtype,
-                      array.shape, int(reduce_op), float(prescale_factor), float(postscale_factor), -1, None, _group,
-                      (_group_size,) if _group >= 0 else None)
+    full_name = _full_name or (f"allreduce.{name}" if name else _auto_name("allreduce", process_set))
+    request = _new_request(Request, (full_name, OpType.ALLREDUCE, dtype, array.shape, int(reduce_op),
+                                     float(prescale_factor), float(postscale_factor), -1, None, _group,
+                                     (_group_size,) if _group >= 0 else None))
     return basics.engine().submit(request, array, output, set_id)
 
 

@@ -13,7 +13,7 @@ import threading
 from typing import Optional
 
 from horovod.common.exceptions import HorovodInternalError
-from horovod.transport.mesh import forked
+from horovod.transport.mesh import FORKED, forked
 
 __all__ = ["Context", "NOT_INITIALIZED", "FORKED_MESSAGE", "current", "get", "install", "clear", "engine", "lock"]
 
@@ -92,9 +92,13 @@ def engine():
         HorovodInternalError: the engine has failed (a peer was lost, a collective timed out), or this process
             was forked after ``init``.
     """
-    ctx = current()
-    if ctx.foreign():
+    # (Runs once per submitted tensor: the checks of current() and foreign() inline.)
+    ctx = _context
+    if ctx is None:
+        raise ValueError(NOT_INITIALIZED)
+    if FORKED[0] and ctx.pid != os.getpid():
         raise HorovodInternalError(FORKED_MESSAGE)
-    if ctx.engine.error is not None:
-        raise HorovodInternalError(ctx.engine.error)
-    return ctx.engine
+    live = ctx.engine
+    if live.error is not None:
+        raise HorovodInternalError(live.error)
+    return live

@@ -31,6 +31,9 @@ _STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize(
                     "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
 
 
+_NOT_STARTED = (None, None, None)
+
+
 class _DistributedOptimizer:
     """Mixin placed before the wrapped optimizer's class; see :func:`DistributedOptimizer`."""
 
@@ -48,9 +51,12 @@ class _DistributedOptimizer:
         self._groups = [tuple(self._requires_update[i] for i in members) for members in _policy.split_groups(
             groups, self._requires_update, member_check=lambda p: isinstance(p, torch.Tensor),
             what="torch.Tensor") if len(members) > 1]
-        self._group_of = {p: group for group in self._groups for p in group}
-        self._group_ready: Dict[Tuple, int] = {group: 0 for group in self._groups}
-        self._handles: Dict[object, Tuple[Optional[object], object]] = {}
+        # Keyed by id(parameter) and group index, not by tensor: a tensor's __hash__ is a Python call, and these maps
+        # are used several times per gradient per step.
+        self._group_of = {id(p): index for index, group in enumerate(self._groups) for p in group}
+        self._group_ready = [0] * len(self._groups)
+        # id(parameter), or -1 - group index -> (the parameter or group, handle or None, compression context)
+        self._handles: Dict[int, Tuple[object, Optional[object], object]] = {}
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
@@ -70,23 +76,25 @@ class _DistributedOptimizer:
         self._passes.set_passes(passes)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        if not self._passes.count(id(p)):
-            self._handles[p] = (None, None)
+        key = id(p)
+        if not self._passes.count(key):
+            self._handles[key] = (p, None, None)
             return
-        group = self._group_of.get(p)
-        if group is None:
-            self._handles[p] = self._allreduce_grad_async(p)
+        index = self._group_of.get(key)
+        if index is None:
+            self._handles[key] = (p, *self._allreduce_grad_async(p))
             return
-        self._handles[p] = (None, None)
-        self._group_ready[group] += 1
-        if self._group_ready[group] == len(group):
-            self._start_group(group)
+        self._handles[key] = (p, None, None)
+        self._group_ready[index] += 1
+        if self._group_ready[index] == len(self._groups[index]):
+            self._start_group(index)
 
-    def _start_group(self, group: Tuple[torch.Tensor, ...]) -> None:
+    def _start_group(self, index: int) -> None:
+        group = self._groups[index]
         for p in group:
-            self._handles.pop(p, None)
-        self._group_ready[group] = 0
-        self._handles[group] = self._grouped_allreduce_grad_async(group)
+            self._handles.pop(id(p), None)
+        self._group_ready[index] = 0
+        self._handles[-1 - index] = (group, *self._grouped_allreduce_grad_async(group))
 
     def _dense_grad(self, p: torch.Tensor) -> torch.Tensor:
         if p.grad is None:
@@ -116,16 +124,16 @@ class _DistributedOptimizer:
                                                postscale_factor=post, process_set=self.process_set)
         return handle, ctxs
 
-    def _finish(self, key, handle, ctx) -> None:
-        if isinstance(key, tuple):
+    def _finish(self, target, handle, ctx) -> None:
+        if isinstance(target, tuple):
             outputs = _ops.synchronize(handle)
-            for p, output, c in zip(key, outputs, ctx):
+            for p, output, c in zip(target, outputs, ctx):
                 self._set_grad(p, output, c)
         elif callable(handle):
-            key.grad = handle()
-            self._passes.reset(id(key))
+            target.grad = handle()
+            self._passes.reset(id(target))
         else:
-            self._set_grad(key, _ops.synchronize(handle), ctx)
+            self._set_grad(target, _ops.synchronize(handle), ctx)
 
     def _set_grad(self, p: torch.Tensor, output: torch.Tensor, ctx) -> None:
         self._passes.reset(id(p))
@@ -144,16 +152,17 @@ class _DistributedOptimizer:
         if not self.process_set.included():
             self._synchronized = True
             return
-        for group in self._groups:
-            if group not in self._handles:
-                self._start_group(group)
+        handles = self._handles
+        for index in range(len(self._groups)):
+            if -1 - index not in handles:
+                self._start_group(index)
+        group_of = self._group_of
         for p in self._requires_update:
-            if p in self._group_of:
-                continue
-            if self._handles.get(p, (None, None))[0] is None:
-                self._handles[p] = self._allreduce_grad_async(p)
-        for key, (handle, ctx) in list(self._handles.items()):
-            self._finish(key, handle, ctx)
+            key = id(p)
+            if key not in group_of and handles.get(key, _NOT_STARTED)[1] is None:
+                handles[key] = (p, *self._allreduce_grad_async(p))
+        for target, handle, ctx in list(handles.values()):
+            self._finish(target, handle, ctx)
         self._handles.clear()
         self._synchronized = True
 
@@ -189,8 +198,7 @@ class _DistributedOptimizer:
         """Forget the allreduces of an interrupted step (elastic restore undoes that step); no communication."""
         self._handles.clear()
         self._passes.reset()
-        for group in self._group_ready:
-            self._group_ready[group] = 0
+        self._group_ready = [0] * len(self._groups)
         self._synchronized = False
 
     def set_backward_passes_per_step(self, passes: int) -> None:
