@@ -62,9 +62,10 @@ def as_input(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Op
 # own their memory: they are made from the address, so an entry holds no dead tensor's memory, needs no weak reference
 # to be dropped (a weak reference's callback costs more than the view), and serves the next tensor at the same address
 # (``zero_grad()`` frees the gradients, and the next backward pass gets the same blocks back from the allocator). An
-# entry serves a tensor only if the tensor's shape and dtype are the ones the view was made for and it is contiguous
-# without a negative bit: then the view is exactly the tensor's memory, whichever tensor made the entry. The caller
-# keeps the tensor alive until its collective completes (the torch handle holds it).
+# entry serves a tensor only if the tensor's shape and dtype are the ones the view was made for and it is contiguous:
+# then the view is exactly the tensor's memory, whichever tensor made the entry. (Entries are made only for tensors of
+# two or more elements without a negative bit; a negative-bit view of that size is strided, so it never matches.) The
+# caller keeps the tensor alive until its collective completes (the torch handle holds it).
 #   data pointer -> (shape, torch dtype, numpy view, core dtype name)
 _inplace_views: Dict[int, tuple] = {}
 _INPLACE_VIEWS_MAX = 1 << 15       # distinct addresses kept; past this the map starts again (a few MB at most)
@@ -79,9 +80,9 @@ _CORE_DTYPES = {torch.uint8: (np.dtype(np.uint8), "uint8"), torch.int8: (np.dtyp
 
 def inplace_view(tensor: torch.Tensor) -> Optional[tuple]:
     """For an in-place collective on ``tensor``: ``(shape, dtype, view, core dtype name)``, with ``view`` a numpy
-    array over the tensor's own memory, or None when the tensor needs the general path (non-contiguous, empty, or
-    of a dtype the core does not reduce; the general path gives the errors). Runs once per gradient per step: a hit
-    asks torch five questions and nothing else. The caller keeps ``tensor`` alive while the view is in use.
+    array over the tensor's own memory, or None when the tensor needs the general path (non-contiguous, fewer than
+    two elements, a negative bit, or a dtype the core does not reduce; the general path copies or raises). Runs once
+    per gradient per step: a hit asks torch four questions, none of which releases the GIL. The caller keeps ``tensor`` alive while the view is in use.
 
     Raises:
         TypeError, ValueError: as :func:`check_tensor`.
