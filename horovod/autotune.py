@@ -15,8 +15,9 @@ expected to improve on the best predicted score by 1 %; it keeps the tried point
 (the model averages out noisy samples) rather than the luckiest sample.
 
 :class:`Autotuner` feeds it: each candidate is scored by bytes allreduced per second over
-``HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE`` cycles that carried allreduces, after ``HOROVOD_AUTOTUNE_WARMUP_SAMPLES``
-discarded samples; the median of a candidate's samples counts. Settings given explicitly (``HOROVOD_FUSION_THRESHOLD``,
+``HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE`` cycles that carried allreduces, counted from the first cycle after it was
+chosen (the choosing is not its time), after ``HOROVOD_AUTOTUNE_WARMUP_SAMPLES`` discarded samples; the median of a
+candidate's samples counts. Settings given explicitly (``HOROVOD_FUSION_THRESHOLD``,
 ``HOROVOD_CYCLE_TIME``) stay fixed, as in Horovod. The log (``HOROVOD_AUTOTUNE_LOG``) is Horovod's CSV, one row per
 candidate and the chosen one last, with a ``note`` column saying why each point was tried and why the search settled
 (the same sentences go to the ``horovod.autotune`` logger at INFO).
@@ -253,6 +254,11 @@ class Autotuner:
             self.search.observe(self._point, score)
             self._log(self.current, score, self._reason)
             self._decide()
+            # The next point's first sample starts at the next cycle: the decision's own time (a Gaussian-process
+            # fit on this thread, 30-60 ms; 1.4 s for the first, which imports scikit-learn) is not the point's.
+            # Charged to it, that cost the first sample of every point after the seeds 15-25 %, and through the
+            # median of three, the points themselves (the seeds, decided at no cost, were always kept).
+            self._start = None
 
     def _log(self, point: Tuple[float, float], score: float, note: str) -> None:
         fusion_mb, cycle_ms = point

@@ -87,6 +87,29 @@ def test_autotuner_logs_each_try_and_why_it_settled(tmp_path):
 
 
 @pytest.mark.unit
+def test_time_spent_deciding_is_not_charged_to_the_next_point():
+    """A slow decision (the Gaussian-process fit runs on the engine's thread) must not lower the score of the point it
+    chose. The objective is flat, but a point's three samples run at 1.0x, 0.9x and 1.1x speed, so its median is
+    exact only if its first sample is not charged with the decision before it."""
+    config = load_config({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2",
+                          "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7"})
+    now = [0.0]
+    tuner = Autotuner(config, lambda fusion, cycle: None, clock=lambda: now[0])
+    decide = tuner.search.next
+
+    def slow_next():
+        now[0] += 0.5           # as long as a whole sample
+        return decide()
+
+    tuner.search.next = slow_next
+    while not tuner.done:
+        now[0] += 0.25 * (1.0, 0.9, 1.1)[len(tuner._scores)]     # a cycle moves 1 MiB; the sample sets the pace
+        tuner.record(1 << 20)
+    assert len(tuner.search.tried) >= 6
+    assert all(score == pytest.approx(4 * MIB) for _, score in tuner.search.tried), tuner.search.tried
+
+
+@pytest.mark.unit
 def test_explicit_settings_stay_fixed():
     config = load_config({"HOROVOD_AUTOTUNE": "1", "HOROVOD_FUSION_THRESHOLD": str(2 * MIB)})
     applied = []
