@@ -9,6 +9,7 @@ when the module ends (:meth:`horovod.testing.netns.NetnsCluster.close`).
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,9 @@ if _REASON is not None:
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 PORT = 6379
+# The cluster's token, handed to every node and the driver: Ray's token mode otherwise reads ~/.ray/auth_token, which
+# a fresh machine does not have (and `ray start` will not create), and which a test must not write.
+TOKEN = secrets.token_hex(32)
 
 DRIVER = textwrap.dedent("""
     import json, os, sys
@@ -88,7 +92,7 @@ def _in(host, *argv, **kwargs):
 
 def _env():
     return {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, ROOT, EXAMPLES]), "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_AUTH_MODE": "token"}   # every node and the driver use the token in ~/.ray/auth_token
+            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
 
 
 def _ray_start(host, temp_dir, *args):
