@@ -17,10 +17,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLES = os.path.join(ROOT, "examples")
 STORE_BYTES = 80 * 1024 * 1024
-# A new local Ray turns on token authentication and, finding no token in the environment, writes one to
-# ~/.ray/auth_token, which a test must not leave behind. The driver (this process) and every process of the
-# clusters it starts use this one instead; nothing but Ray reads the variable.
-os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+# The Ray tests' token. A new local Ray turns on token authentication and, finding no token in the environment,
+# writes one to ~/.ray/auth_token, which a test must not leave behind; `ray start` in token mode (test_netns) needs
+# one and creates none, and a fresh machine has no file. The driver (this process) and every process of the clusters
+# it starts use this one; nothing but Ray reads the variable.
+TOKEN = os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 
 @contextlib.contextmanager

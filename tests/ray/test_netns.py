@@ -9,7 +9,6 @@ when the module ends (:meth:`horovod.testing.netns.NetnsCluster.close`).
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import time
 import pytest
 
 from horovod.testing.netns import NetnsCluster, unavailable_reason
-from ray_clusters import EXAMPLES, HERE, ROOT
+from ray_clusters import EXAMPLES, HERE, ROOT, TOKEN
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.cli
@@ -31,9 +30,6 @@ if _REASON is not None:
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 PORT = 6379
-# The cluster's token, handed to every node and the driver: Ray's token mode otherwise reads ~/.ray/auth_token, which
-# a fresh machine does not have (and `ray start` will not create), and which a test must not write.
-TOKEN = secrets.token_hex(32)
 
 DRIVER = textwrap.dedent("""
     import json, os, sys
