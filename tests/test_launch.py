@@ -175,3 +175,27 @@ def test_worker_killed_by_signal_is_the_first_failure():
     assert result.exits[0].returncode == -signal.SIGTERM
     assert "Terminating remaining workers after failure of Process 1." in messages
     assert live_processes(group.pids) == []
+
+
+@pytest.mark.ranks
+def test_survivors_get_the_settle_time_to_report_their_own_error(tmp_path):
+    # Rank 1 fails; rank 0 learns of it (end of file on a pipe rank 1 held, as a rank sees a peer's connection close)
+    # and takes half a second to report, as a survivor of a lost host takes up to one keepalive probe longer than
+    # another: its own exit code must be what ends it, not the launcher's SIGTERM.
+    fifo = str(tmp_path / "link")
+    os.mkfifo(fifo)
+    survivor = f"import sys, time; open({fifo!r}).read(); time.sleep(0.5); sys.exit(5)"
+    failing = f"import os; open({fifo!r}, 'w'); os._exit(3)"
+    with Supervisor(_RecordingSink(2), grace_seconds=2, log=lambda text: None, settle_seconds=3) as group:
+        _start(group, [(sys.executable, "-c", survivor), (sys.executable, "-c", failing)])
+        result = group.wait(timeout=30)
+    assert result.first_failure == WorkerExit(1, "localhost", 3)
+    assert result.exits[0].returncode == 5
+
+
+@pytest.mark.unit
+def test_settle_time_follows_the_workers_liveness_timeout():
+    from horovod.runner.pipeline import settle_seconds
+    slots = tuple(get_host_assignments([HostInfo("localhost", 1)], 1))
+    assert settle_seconds(LaunchConfig(("true",), slots)) == 2.0
+    assert settle_seconds(LaunchConfig(("true",), slots, extra_env={"HOROVOD_LIVENESS_TIMEOUT": "60"})) == 7.0

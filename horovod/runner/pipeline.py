@@ -31,6 +31,7 @@ from horovod.runner.procgroup import forward_signals
 from horovod.runner.rendezvous import RendezvousInfo
 from horovod.runner.supervisor import DEFAULT_GRACE_SECONDS, JobResult, Supervisor, WorkerExit
 from horovod.runner.verbose import describe_job
+from horovod.transport.mesh import probe_interval
 
 __all__ = ["LaunchConfig", "NotAvailableYetError", "SLOT_VARS", "LAUNCHER_VARS", "slot_env", "job_env",
            "worker_env", "plan_launches", "package_pythonpath", "run_job", "launch_local"]
@@ -158,6 +159,14 @@ def package_pythonpath(include_caller_path: bool = False) -> Dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(entries)}
 
 
+def settle_seconds(launch: LaunchConfig) -> float:
+    """How long the other workers get to end by themselves after the first failure: the survivors of a lost peer
+    learn of it within one keepalive probe of each other (the workers' ``HOROVOD_LIVENESS_TIMEOUT``), plus a second
+    to write their error."""
+    workers = config.load_config({**config.environ_snapshot(), **launch.extra_env})
+    return probe_interval(workers.liveness_timeout) + 1.0
+
+
 def run_job(launch: LaunchConfig, backend: Backend, rendezvous: Union[RendezvousInfo, Mapping[str, RendezvousInfo]],
             stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None, timeout: Optional[float] = None,
             on_exit: Optional[Callable[[WorkerExit], None]] = None,
@@ -185,7 +194,8 @@ def run_job(launch: LaunchConfig, backend: Backend, rendezvous: Union[Rendezvous
     sink = OutputSink(len(launches), stdout, stderr, launch.output_filename, launch.prefix_timestamp)
     if launch.verbose:  # on standard output, where Horovod's verbose launcher prints
         print("\n".join(describe_job(launches, rendezvous, backend.name)), file=stdout or sys.stdout, flush=True)
-    with Supervisor(sink, launch.grace_seconds, log=log) as supervisor, forward_signals(supervisor.interrupt):
+    with Supervisor(sink, launch.grace_seconds, log=log, settle_seconds=settle_seconds(launch)) as supervisor, \
+            forward_signals(supervisor.interrupt):
         hostnames = {w.rank: w.hostname for w in launches}
         for rank, handle in backend.start(launches, launch.grace_seconds).items():
             supervisor.add(rank, hostnames[rank], handle)

@@ -5,7 +5,10 @@ elastic jobs (:mod:`horovod.runner.elastic.spawner`) and any backend's handles (
 ``mpirun``, Ray actors) go through a :class:`Supervisor`. The rules:
 
 * **Fail fast.** The first worker to exit non-zero or by a signal makes :meth:`Supervisor.wait` send SIGTERM to every
-  other worker, then SIGKILL after the grace period; that first exit is the job's failure.
+  other worker, then SIGKILL after the grace period; that first exit is the job's failure. The SIGTERM waits for the
+  settle time first (one keepalive probe interval and a second, 2 s by default): when a host is lost, every survivor raises its own ``HorovodInternalError``
+  within one keepalive probe of the others, and a survivor stopped before it could say what it saw leaves the user
+  one report instead of all of them. Workers that end by themselves meanwhile end the wait early.
 * **Signals.** SIGINT/SIGTERM to the launcher (:meth:`Supervisor.interrupt`, installed by
   :func:`horovod.runner.procgroup.forward_signals`) are forwarded to every worker, which are then killed after the
   grace period; the launcher exits 128+N.
@@ -29,6 +32,7 @@ from horovod.runner.output import OutputSink, relay_lines
 __all__ = ["WorkerExit", "JobResult", "Supervisor", "failure_message", "DEFAULT_GRACE_SECONDS"]
 
 DEFAULT_GRACE_SECONDS = 5.0
+DEFAULT_SETTLE_SECONDS = 2.0  # one keepalive probe at the default liveness timeout (1 s), and as much again
 _POLL_SECONDS = 0.05  # how often the wait loop looks at a signal flag; worker exits wake it at once
 _READER_JOIN_SECONDS = 2.0  # a grandchild that left the process group may hold a pipe open
 
@@ -97,6 +101,7 @@ class _Stopping:
     first_failure: Optional[WorkerExit] = None
     interrupted_by: Optional[int] = None
     timed_out: bool = False
+    term_at: Optional[float] = None
     kill_at: Optional[float] = None
 
 
@@ -117,12 +122,14 @@ class Supervisor:
         sink: where output lines go, prefixed with the worker's key.
         grace_seconds: time between SIGTERM and SIGKILL when stopping workers.
         log: where launcher messages go (default: stderr).
+        settle_seconds: after the first failure, time the other workers get to end by themselves before SIGTERM.
     """
 
     def __init__(self, sink: OutputSink, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                 log: Optional[Callable[[str], None]] = None):
+                 log: Optional[Callable[[str], None]] = None, settle_seconds: float = DEFAULT_SETTLE_SECONDS):
         self.sink = sink
         self.grace_seconds = grace_seconds
+        self.settle_seconds = settle_seconds
         self._log = log or _to_stderr
         self.handles: Dict[Hashable, WorkerHandle] = {}
         self.hostnames: Dict[Hashable, str] = {}
@@ -208,7 +215,7 @@ class Supervisor:
                 state.first_failure = exited
                 self._log(f"Process {key} exit with status code {returncode}.")
                 self._log(f"Terminating remaining workers after failure of Process {key}.")
-                self._stop_live(state, signal.SIGTERM)
+                state.term_at = time.monotonic() + self.settle_seconds
         self._reap()
         exits = tuple(state.exits[k] for k in sorted(state.exits))
         return JobResult(exits, state.first_failure, state.interrupted_by, state.timed_out)
@@ -218,6 +225,8 @@ class Supervisor:
             state.interrupted_by = self._pending_signal
             self._log(f"horovodrun received {signal.Signals(state.interrupted_by).name}; stopping all workers.")
             self._stop_live(state, state.interrupted_by)
+        if state.term_at is not None and state.kill_at is None and time.monotonic() >= state.term_at:
+            self._stop_live(state, signal.SIGTERM)
         if state.deadline is not None and state.kill_at is None and time.monotonic() >= state.deadline:
             state.timed_out = True
             self._stop_live(state, signal.SIGTERM)

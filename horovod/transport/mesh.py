@@ -46,6 +46,12 @@ def forked() -> bool:
     return FORKED[0]
 
 
+def probe_interval(liveness: float) -> float:
+    """Seconds between keepalive probes for a liveness timeout of ``liveness`` seconds: the ranks that lose one peer
+    each learn of it within this much of each other."""
+    return float(max(1, int(liveness / 10)))
+
+
 def watch_liveness(sock: socket.socket, seconds: float) -> None:
     """Have the kernel declare the connection dead after ``seconds`` without a sign of life from the other end.
 
@@ -56,7 +62,7 @@ def watch_liveness(sock: socket.socket, seconds: float) -> None:
     """
     if seconds <= 0:
         return
-    probe = max(1, int(seconds / 10))
+    probe = int(probe_interval(seconds))
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
     for name, value in (("TCP_KEEPIDLE", probe), ("TCP_KEEPINTVL", probe),
                         ("TCP_KEEPCNT", max(1, int(seconds / probe))), ("TCP_USER_TIMEOUT", int(seconds * 1000))):
