@@ -159,6 +159,35 @@ def test_diagnosis_of_a_rank_that_finished_while_others_waited():
     assert diagnose(JobResult((_exit(0, 0, 1.0),)), []) is None
 
 
+@pytest.mark.unit
+def test_diagnosis_of_a_lost_host_names_it_not_the_survivor_that_exited_first():
+    import errno
+    from horovod.common.failure_records import describe_exception
+    from horovod.transport.tcp import TcpTransport
+    # The survivors' errors, worded by the transport itself.
+    errors = []
+    for rank in (0, 1):
+        transport = TcpTransport(rank, 4, b"k", timeout=30.0, liveness=10.0)
+        transport.set_layout(["a", "a", "b", "b"], [2, 2, 2, 2])
+        errors.append(transport.fail(2, OSError(errno.ETIMEDOUT, "Connection timed out")))
+    records = [describe_exception(rank, error, when=10.4 + rank / 10) for rank, error in enumerate(errors)]
+    assert records[0].lost_peer() == (2, "b", "its connection showed no sign of life for 10 s "
+                                              "(HOROVOD_LIVENESS_TIMEOUT); its host is down or unreachable")
+    # Host b's workers could tell nobody: the launcher ended them last, when it reaped.
+    result = JobResult((_exit(0, 1, 10.5), _exit(1, 1, 10.6), _exit(2, -9, 12.6), _exit(3, -9, 12.6)),
+                       first_failure=_exit(0, 1, 10.5))
+    verdict = diagnose(result, records)
+    assert (verdict.rank, verdict.kind) == (2, "lost")
+    assert verdict.headline() == ("rank 2 on h was lost, as rank 0 reported first: its connection showed no sign of "
+                                  "life for 10 s (HOROVOD_LIVENESS_TIMEOUT); its host is down or unreachable")
+    text = summary(result, records)
+    assert "Root cause, rank" not in text and "Process name: 0\n" in text     # Horovod's block: the first exit
+    assert "rank 0 failed as a consequence" in text and "rank 1 failed as a consequence" in text
+    # A lost rank that reported a failure itself is no lost host: the first failure stays the verdict.
+    own = FailureRecord(2, 10.0, "HorovodInternalError", "rank 0 was lost", consequence=True)
+    assert diagnose(result, records + [own]).kind == "failed"
+
+
 RAISE_LATE = textwrap.dedent("""
     import atexit, os, time
     import numpy as np

@@ -8,6 +8,7 @@
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,7 +43,7 @@ LOOP = textwrap.dedent("""
     except Exception as exc:
         with open(os.path.join(out, f"error.{r}"), "w") as f:
             f.write(f"{time.time()} {type(exc).__name__}: {exc}")
-        sys.exit(3)
+        raise
 """)
 
 BUSY = textwrap.dedent("""
@@ -126,6 +127,9 @@ def test_cut_link_every_survivor_raises_within_12_s_and_horovodrun_exits_within_
         assert float(when) - down_at < 12, f"rank {rank} erred {float(when) - down_at:.1f} s after link down"
         assert "HorovodInternalError" in message and "was lost" in message, message
         assert f"on host {b.address}" in message, message
+    # The launcher's summary blames the lost host, not the survivor it saw exit first.
+    assert re.search(rf"Root cause: rank [23] on {re.escape(b.address)} was lost, as rank [01] reported first: its "
+                     rf"connection showed no sign of life", err), err[-3000:]
     # Host B's workers lost everyone too: they raise by the same liveness timeout and exit by themselves.
     for host in (a, b):
         _wait_for(lambda: not cluster.worker_pids(host), 15, f"the processes on {host.address} to end")

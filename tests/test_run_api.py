@@ -84,3 +84,21 @@ def test_outcome_decisions():
         raise_for_outcomes(failed, {1: unpicklable}, 2)
     with pytest.raises(KeyboardInterrupt):
         raise_for_outcomes(JobResult((), interrupted_by=2), {}, 2)
+
+
+@pytest.mark.unit
+def test_a_lost_rank_is_named_on_the_error_of_the_rank_that_reported_it_first():
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod.common.failure_records import describe_exception
+    outcomes = {}
+    for rank, when in ((0, 10.6), (1, 10.4)):
+        error = HorovodInternalError(f"Horovod failed on rank {rank}: rank 2 on host b was lost: its connection "
+                                     f"showed no sign of life for 10 s (HOROVOD_LIVENESS_TIMEOUT)")
+        outcomes[rank] = TaskOutcome(rank, error=error, error_repr=repr(error), traceback="Traceback: lost\n",
+                                     record=describe_exception(rank, error, when=when))
+    result = JobResult((WorkerExit(0, "a", 1), WorkerExit(1, "a", 1), WorkerExit(2, "b", -9)),
+                       first_failure=WorkerExit(0, "a", 1))
+    with pytest.raises(HorovodInternalError, match="on rank 1:") as info:
+        raise_for_outcomes(result, outcomes, 3)
+    assert "Root cause: rank 2 on b was lost, as rank 1 reported first: its connection showed no sign of life" \
+        in "\n".join(info.value.__notes__)

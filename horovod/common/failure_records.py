@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 import traceback as _traceback
 from types import TracebackType
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 
-__all__ = ["SCOPE", "FailureRecord", "describe_exception", "finished_record", "waiting_for", "MAX_TRACEBACK_CHARS"]
+__all__ = ["SCOPE", "FailureRecord", "describe_exception", "finished_record", "waiting_for", "lost_peer",
+           "MAX_TRACEBACK_CHARS"]
 
 SCOPE = "failures"
 MAX_TRACEBACK_CHARS = 16000
+# How the transport names a peer it lost (``rank 2 on host 10.0.0.3 was lost: <why>``, horovod.transport.tcp).
+_LOST = re.compile(r"\brank (\d+)(?: on host (\S+))? was lost(?:: (.*))?", re.DOTALL)
 _HANDLE = ("horovod.core.handles", "Handle")
 _REQUEST = ("horovod.common.types", "Request")
 
@@ -68,6 +72,18 @@ class FailureRecord:
     def headline(self) -> str:
         """``KeyError: 'missing'``."""
         return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
+
+    def lost_peer(self) -> Optional[Tuple[int, str, str]]:
+        """``(rank, host, why)`` of the peer this consequence says was lost (host and why may be ""); else None."""
+        return lost_peer(self.message) if self.consequence else None
+
+
+def lost_peer(message: str) -> Optional[Tuple[int, str, str]]:
+    """``(rank, host, why)`` when ``message`` says a peer was lost, as the transport words it; else None."""
+    found = _LOST.search(message)
+    if found is None:
+        return None
+    return int(found.group(1)), found.group(2) or "", (found.group(3) or "").strip()
 
 
 def waiting_for(tb: Optional[TracebackType]) -> Optional[str]:

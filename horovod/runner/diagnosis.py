@@ -10,7 +10,10 @@ already exited. :func:`diagnose` decides, by these rules, in order:
    first is the root cause;
 3. else, when a rank exited normally, the job failed because that rank finished while the others still waited
    (for the collective the first consequence names);
-4. else the first failure the launcher saw.
+4. else, when the consequences say a peer was lost (its host cut off or down, its process killed) and that peer
+   reported nothing itself, that peer is the root cause: the survivors that saw it go exit first, but they are not
+   the cause (the first of them to report it is quoted);
+5. else the first failure the launcher saw.
 
 It is a pure function; :func:`summary` turns its verdict into what ``horovodrun`` prints.
 """
@@ -28,7 +31,8 @@ __all__ = ["Diagnosis", "diagnose", "summary", "read_records"]
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
-    """The verdict: ``rank`` caused the failure (``kind``: ``raised``, ``died``, ``finished`` or ``failed``)."""
+    """The verdict: ``rank`` caused the failure (``kind``: ``raised``, ``died``, ``finished``, ``lost`` or ``failed``);
+    for ``lost``, ``record`` is the first survivor's report of it."""
 
     rank: int
     kind: str
@@ -46,6 +50,11 @@ class Diagnosis:
             waiter = f" while rank {self.waiter.rank} waited{waited}" if self.waiter else " while others waited"
             how = "exited with code 0" if self.exit is None or self.exit.returncode == 0 else "shut down normally"
             return f"rank {self.rank}{host} finished ({how}){waiter}"
+        if self.kind == "lost":
+            _, named_host, why = self.record.lost_peer()
+            host = f" on {self.exit.hostname}" if self.exit else f" on {named_host}" if named_host else ""
+            said = f": {why}" if why else ""
+            return f"rank {self.rank}{host} was lost, as rank {self.record.rank} reported first{said}"
         how = self.exit.describe() if self.exit else "an unknown status"
         what = f": {self.record.headline()}" if self.record else ""
         return f"rank {self.rank}{host} ended with {how}{what}"
@@ -88,6 +97,10 @@ def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Di
         sorted((e for e in result.exits if e.returncode == 0), key=lambda e: e.ended_at)
     if finished:
         return Diagnosis(finished[0].rank, "finished", finished[0], waiter=waiter)
+    for record in sorted(failures.values(), key=lambda r: r.time):
+        lost = record.lost_peer()
+        if lost is not None and lost[0] not in failures and lost[0] != record.rank:
+            return Diagnosis(lost[0], "lost", exits.get(lost[0]), record)
     return Diagnosis(first.rank, "failed", first, failures.get(first.rank))
 
 
@@ -99,10 +112,11 @@ def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     if verdict is None:
         return ""
     lines = []
-    if verdict.record is not None and verdict.record.traceback:
+    if verdict.record is not None and verdict.record.traceback and verdict.kind != "lost":
         lines.append(f"Root cause, rank {verdict.rank}:\n{verdict.record.traceback.rstrip()}\n")
-    # Horovod's block names a process that exited non-zero: the root cause's, unless that rank finished normally.
-    exit_ = result.first_failure if verdict.kind == "finished" else verdict.exit or result.first_failure
+    # Horovod's block names a process that exited non-zero: the root cause's, unless that rank finished normally or
+    # was lost (the launcher learns of a lost rank's end last, if at all).
+    exit_ = result.first_failure if verdict.kind in ("finished", "lost") else verdict.exit or result.first_failure
     if exit_ is not None:
         lines.append(failure_message(exit_).rstrip("\n"))
     lines.append(f"Root cause: {verdict.headline()}.")

@@ -65,7 +65,8 @@ def raise_for_outcomes(result: JobResult, outcomes: Mapping[int, TaskOutcome], s
         BaseException: the root cause (:func:`horovod.runner.diagnosis.diagnose`): the exception of the rank whose
             failure came first, not a survivor's ``HorovodInternalError`` (its original type when it pickled), with
             a :class:`WorkerFailedError` carrying the rank's traceback as its cause. When a rank finished while
-            another waited for it, the waiting rank's error, with a note saying so.
+            another waited for it, the waiting rank's error, with a note saying so; when a rank was lost, the error
+            of the rank that reported it first, with a note naming the lost rank.
         KeyboardInterrupt: the launcher got SIGINT.
         RuntimeError: a worker died without publishing an outcome.
     """
@@ -92,6 +93,8 @@ def _raise_root_cause(result: JobResult, outcomes: Mapping[int, TaskOutcome], si
         raise RuntimeError(f"{failure_message(verdict.exit)}Root cause: {verdict.headline()}.")
     if verdict is not None and verdict.kind == "finished" and verdict.waiter is not None:
         rank, note = verdict.waiter.rank, f"Root cause: {verdict.headline()}."
+    elif verdict is not None and verdict.kind == "lost" and verdict.record.rank in failed:
+        rank, note = verdict.record.rank, f"Root cause: {verdict.headline()}."
     elif verdict is not None and verdict.rank in failed:
         rank = verdict.rank
     outcome = failed[rank]
