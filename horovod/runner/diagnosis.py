@@ -99,7 +99,7 @@ def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Di
         return Diagnosis(finished[0].rank, "finished", finished[0], waiter=waiter)
     for record in sorted(failures.values(), key=lambda r: r.time):
         lost = record.lost_peer()
-        if lost is not None and lost[0] not in failures and lost[0] != record.rank:
+        if lost is not None and lost[0] not in failures:   # (a rank that reported is not lost)
             return Diagnosis(lost[0], "lost", exits.get(lost[0]), record)
     return Diagnosis(first.rank, "failed", first, failures.get(first.rank))
 

@@ -6,9 +6,10 @@ elastic jobs (:mod:`horovod.runner.elastic.spawner`) and any backend's handles (
 
 * **Fail fast.** The first worker to exit non-zero or by a signal makes :meth:`Supervisor.wait` send SIGTERM to every
   other worker, then SIGKILL after the grace period; that first exit is the job's failure. The SIGTERM waits for the
-  settle time first (one keepalive probe interval and a second, 2 s by default): when a host is lost, every survivor raises its own ``HorovodInternalError``
-  within one keepalive probe of the others, and a survivor stopped before it could say what it saw leaves the user
-  one report instead of all of them. Workers that end by themselves meanwhile end the wait early.
+  settle time first (one keepalive probe interval and a second, 2 s by default): when a host is lost, every
+  survivor raises its own ``HorovodInternalError`` within one keepalive probe of the others, and a survivor stopped
+  before it could say what it saw leaves the user one report instead of all of them. Workers that end by themselves
+  meanwhile end the wait early.
 * **Signals.** SIGINT/SIGTERM to the launcher (:meth:`Supervisor.interrupt`, installed by
   :func:`horovod.runner.procgroup.forward_signals`) are forwarded to every worker, which are then killed after the
   grace period; the launcher exits 128+N.
