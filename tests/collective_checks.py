@@ -6,17 +6,10 @@ rank derives every rank's input from a seed, so it can compute the exact expecte
 
 import numpy as np
 
+from horovod.common.bfloat16 import from_bfloat16, to_bfloat16
+
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 SHAPES = [(), (0,), (1,), (7,), (3, 5), (2, 3, 4)]
-
-
-def _bf16_from_f32(values):
-    bits = np.asarray(values, dtype=np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def _bf16_to_f32(words):
-    return (words.astype(np.uint32) << 16).view(np.float32)
 
 
 def make(dtype, shape, rank, salt=0):
@@ -24,7 +17,7 @@ def make(dtype, shape, rank, salt=0):
     if dtype in ("float16", "float32", "float64"):
         return rng.uniform(-4, 4, size=shape).astype(dtype)
     if dtype == "bfloat16":
-        return _bf16_from_f32(rng.uniform(-4, 4, size=shape))
+        return to_bfloat16(rng.uniform(-4, 4, size=shape))
     if dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(bool)
     lo, hi = (0, 20) if dtype == "uint8" else (-20, 20)
@@ -32,7 +25,7 @@ def make(dtype, shape, rank, salt=0):
 
 
 def as_f64(array, dtype):
-    return _bf16_to_f32(array).astype(np.float64) if dtype == "bfloat16" else array.astype(np.float64)
+    return from_bfloat16(array).astype(np.float64) if dtype == "bfloat16" else array.astype(np.float64)
 
 
 def tolerance(dtype):

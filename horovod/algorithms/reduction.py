@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from horovod.common.bfloat16 import from_bfloat16, to_bfloat16
 from horovod.common.types import ReduceOp
 
 __all__ = ["ufunc_for", "widens", "to_float32", "from_float32", "scale"]
@@ -30,7 +31,7 @@ def widens(dtype: str) -> bool:
 def to_float32(words: np.ndarray, dtype: str, out: np.ndarray) -> None:
     """Widen 2-byte floats ``words`` (``dtype`` float16 or bfloat16) into the float32 ``out``."""
     if dtype == "bfloat16":
-        np.left_shift(words.view(np.uint16).astype(np.uint32), 16, out=out.view(np.uint32))
+        from_bfloat16(words, out=out)
     else:
         np.copyto(out, words, casting="unsafe")
 
@@ -38,14 +39,7 @@ def to_float32(words: np.ndarray, dtype: str, out: np.ndarray) -> None:
 def from_float32(values: np.ndarray, dtype: str, out: np.ndarray) -> None:
     """Narrow float32 ``values`` into ``out`` of ``dtype``, rounding to nearest even (bfloat16 NaN stays NaN)."""
     if dtype == "bfloat16":
-        bits = values.view(np.uint32)
-        # round to nearest even, as every bfloat16 conversion does
-        rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
-        nan = np.isnan(values)
-        result = (rounded >> np.uint32(16)).astype(np.uint16)
-        if nan.any():
-            result[nan] = 0x7FC0
-        np.copyto(out.view(np.uint16), result)
+        to_bfloat16(values, out=out.view(np.uint16))
     else:
         np.copyto(out, values, casting="unsafe")
 

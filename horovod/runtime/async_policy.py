@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from horovod.common.bfloat16 import from_bfloat16, to_bfloat16
 from horovod.runtime import basics
 from horovod.runtime import collectives as _c
 from horovod.runtime.collectives import Average
@@ -80,14 +81,13 @@ def to_wire(array: np.ndarray, wire: Optional[str]) -> np.ndarray:
         return np.array(array, copy=True)
     if wire == "float16":
         return np.asarray(array, dtype=np.float16)
-    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
-    return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    return to_bfloat16(array)
 
 
 def from_wire(array: np.ndarray, wire: Optional[str], dtype) -> np.ndarray:
     """Undo :func:`to_wire`: the values in ``dtype``."""
     if wire == "bfloat16":
-        array = (array.astype(np.uint32) << 16).view(np.float32)
+        array = from_bfloat16(array)
     return np.asarray(array, dtype=dtype)
 
 
