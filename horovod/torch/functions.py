@@ -44,28 +44,29 @@ def broadcast_parameters(params, root_rank: int, prefix: Optional[str] = None,
 
 
 def _create_state(optimizer: torch.optim.Optimizer) -> None:
-    """Give a fresh optimizer its state by one step on zero gradients, leaving parameters and grads unchanged."""
+    """Give a fresh optimizer its state by one step on zero gradients, as Horovod does: every parameter that
+    requires a gradient is left with a zero ``.grad`` (the step's input), its values as they were."""
     saved = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
-                saved.append((p, p.detach().clone(), p.grad))
+                saved.append((p, p.detach().clone()))
                 p.grad = torch.zeros_like(p)
                 if isinstance(optimizer, torch.optim.SparseAdam):
                     p.grad = p.grad.to_sparse()
     step = getattr(optimizer, "_local_step", optimizer.step)  # a DistributedOptimizer must not allreduce here
     step()
     with torch.no_grad():
-        for p, data, grad in saved:
+        for p, data in saved:
             p.copy_(data)
-            p.grad = grad
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model=None,
                               process_set: ProcessSet = global_process_set) -> None:
     """Make every rank's optimizer state (tensors, step counts, learning rates and other options) equal to
-    ``root_rank``'s. A fresh optimizer first gets its state created, as in Horovod (one local step on zero
-    gradients that leaves the parameters and their ``.grad`` as they were).
+    ``root_rank``'s. A fresh optimizer first gets its state created, as in Horovod: one local step on zero
+    gradients, after which every parameter that requires a gradient has a zero ``.grad`` (a gradient it had
+    before is replaced, as there); unlike Horovod, the parameters keep their values even with weight decay.
 
     The root's layout decides: a rank whose state lacks an entry the root has (a parameter that had no gradient
     there, state created lazily, a rank that joined later) gets it, and entries the root lacks are dropped, so the

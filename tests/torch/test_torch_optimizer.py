@@ -167,7 +167,8 @@ def check_broadcast_optimizer_state(hvd):
     hvd.broadcast_optimizer_state(fresh, root_rank=0)
     assert len(fresh.state_dict()["state"]) == len(before), "state was created for every parameter"
     for p, q in zip(fresh_model.parameters(), before):
-        assert torch.equal(p, q) and p.grad is None, "creating the state must not move parameters"
+        assert torch.equal(p, q), "creating the state must not move parameters"
+        assert p.grad is not None and not p.grad.any(), "Horovod leaves a zero gradient on every parameter"
     with pytest.raises(ValueError):
         hvd.broadcast_optimizer_state(torch.optim.LBFGS(model.parameters()), root_rank=0)
 
