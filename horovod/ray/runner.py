@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from horovod.ray.coordinator import Coordinator
 from horovod.ray.elastic import ElasticAdapter
 from horovod.ray.static import StaticAdapter
 
-__all__ = ["RayExecutor", "MiniSettings"]
+__all__ = ["RayExecutor", "MiniSettings", "Coordinator"]
 
 
 @dataclasses.dataclass

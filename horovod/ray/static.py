@@ -24,6 +24,7 @@ import ray.exceptions
 from horovod.ray.placement import static_slots
 from horovod.ray.strategy import BaseStrategy, ColocatedStrategy, PGStrategy
 from horovod.ray.utils import driver_address, job_extra_env, settings_env
+from horovod.ray.worker import control
 from horovod.runner.backends.ray import RayBackend
 from horovod.runner.pipeline import LaunchConfig, plan_launches
 from horovod.runner.output import OutputSink
@@ -99,7 +100,7 @@ class StaticAdapter:
         if self.use_gpu:
             launches = _share_node_gpus(launches, self.workers)
         backend = RayBackend(place=lambda launch: self.workers[launch.rank],
-                             begin=lambda actor, launch: actor.watch.remote(), pid_of=lambda a: pids[id(a)])
+                             begin=lambda actor, launch: control(actor.watch).remote(), pid_of=lambda a: pids[id(a)])
         self._supervisor = Supervisor(OutputSink(len(self.slots)), self.grace_seconds,
                                       log=lambda text: logger.warning("%s", text))
         for rank, handle in backend.start(launches, self.grace_seconds).items():
@@ -188,7 +189,7 @@ class StaticAdapter:
         """Stop every worker actor (none is left behind), remove the placement group, stop the rendezvous."""
         for worker in self.workers:
             try:
-                worker.stop_watch.remote()
+                control(worker.stop_watch).remote()
             except Exception:  # noqa: BLE001 — a dead actor
                 pass
         if self._thread is not None:

@@ -4,7 +4,10 @@ An actor learns its place in the job only as environment variables (``HOROVOD_RA
 job secret...) set by the driver before anything runs there, exactly what a ``horovodrun`` worker inherits; then
 ``hvd.init()`` inside it meets the other workers through the rendezvous and moves tensors directly between them.
 Calls run one at a time in submission order (the default concurrency group); the ``control`` group answers the
-driver's liveness watch and stop while a call is busy.
+driver's liveness watch and stop while a call is busy. The class declares no concurrency group itself, so that
+``ray.remote(BaseHorovodWorker)`` (Horovod's mixin pattern) makes a plain actor: :func:`remote_worker_cls` adds the
+group, and the driver sends :meth:`~BaseHorovodWorker.watch` and :meth:`~BaseHorovodWorker.stop_watch` there with
+:func:`control`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from horovod.ray.placement import node_hostname
 from horovod.runner.run_task import TaskOutcome, capture
 from horovod.runtime import basics
 
-__all__ = ["BaseHorovodWorker", "remote_worker_cls", "CONTROL_GROUP"]
+__all__ = ["BaseHorovodWorker", "remote_worker_cls", "control", "CONTROL_GROUP"]
 
 CONTROL_GROUP = "control"
 
@@ -89,14 +92,12 @@ class BaseHorovodWorker:
         rank = basics.rank() if basics.is_initialized() else -1
         return dataclasses.replace(outcome, rank=rank)
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     def watch(self) -> int:
         """Return 0 once :meth:`stop_watch` is called; while the actor lives it does not return (the driver's view
-        of the worker as a running process)."""
+        of the worker as a running process). Sent to the ``control`` group (:func:`control`)."""
         self._stopped.wait()
         return 0
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     def stop_watch(self) -> None:
         """Let :meth:`watch` return: the driver is ending the job normally."""
         self._stopped.set()
@@ -105,3 +106,9 @@ class BaseHorovodWorker:
 def remote_worker_cls(cls: type = BaseHorovodWorker):
     """``cls`` as a Ray actor class with the ``control`` concurrency group next to the default one."""
     return ray.remote(concurrency_groups={CONTROL_GROUP: 2})(cls)
+
+
+def control(method):
+    """An actor method of a :func:`remote_worker_cls` actor, sent to the ``control`` group:
+    ``control(actor.watch).remote()`` runs while a call of the default group is busy."""
+    return method.options(concurrency_group=CONTROL_GROUP)
