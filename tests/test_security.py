@@ -18,6 +18,7 @@ from horovod.runner.hosts import HostInfo, get_host_assignments
 from horovod.runner.launch import LaunchConfig, launch_local, package_pythonpath
 from horovod.runner.rendezvous import rendezvous_service
 from horovod.transport import wire
+from horovod.transport.mesh import PURPOSE_MESH
 
 WORKER = textwrap.dedent("""
     import numpy as np
@@ -64,7 +65,7 @@ def _strangers_at_data_port(host, port):
         except OSError:
             pass  # dropped mid-way: fine
     with socket.create_connection((host, port), timeout=10) as sock:  # a well-formed hello, then a guessed proof
-        sock.sendall(struct.pack("!8s16sii", wire.MAGIC, os.urandom(16), 1, 1) + os.urandom(32))
+        sock.sendall(struct.pack("!8s16sii", wire.MAGIC, os.urandom(16), 1, PURPOSE_MESH) + os.urandom(32))
         answer = _recv_all(sock)
     # Rank 0 sent its hello and hung up without its own proof: a stranger learns nothing computed with the secret.
     assert len(answer) == struct.calcsize("!8s16sii"), answer
@@ -175,5 +176,5 @@ def test_a_proof_cannot_be_reflected():
     # The acceptor's proof, computed for the dialer's nonce, is not what an acceptor expects from a dialer with the
     # same nonces: the roles are bound into the proof (a stranger cannot relay one rank's answer to another).
     secret, a, b = b"s" * 32, b"A" * 16, b"B" * 16
-    assert wire._proof(secret, b"A", a, b, 1, 0, 1) != wire._proof(secret, b"D", a, b, 1, 0, 1)
-    assert wire._proof(secret, b"D", a, b, 1, 0, 1) != wire._proof(secret, b"D", a, b, 2, 0, 1)
+    assert wire.proof(secret, b"A", a, b, 1, 0, 1) != wire.proof(secret, b"D", a, b, 1, 0, 1)
+    assert wire.proof(secret, b"D", a, b, 1, 0, 1) != wire.proof(secret, b"D", a, b, 2, 0, 1)

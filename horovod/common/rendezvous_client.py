@@ -11,6 +11,7 @@ import hmac
 import http.client
 import re
 import secrets
+import struct
 import time
 import urllib.parse
 from typing import Dict, List, Optional
@@ -125,6 +126,23 @@ class RendezvousClient:
                 raise RendezvousError(f"timed out after {timeout if timeout is not None else self.timeout:.1f}s "
                                       f"waiting for rendezvous key {scope}/{key}")
 
+    def get_all(self, scope: str, count: int, timeout: Optional[float] = None,
+                grace: float = _REPLY_GRACE_SECONDS) -> Dict[str, bytes]:
+        """Every key and value of ``scope`` once it holds ``count`` keys, waiting up to ``timeout`` seconds (default:
+        the client's), plus ``grace`` for the server's answer; raises RendezvousError after."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            wait = max(0.0, min(MAX_WAIT_SECONDS, deadline - time.monotonic()))
+            status, body = self._request("GET", self._path("all", scope) + f"?count={int(count)}&wait={wait:.3f}",
+                                         deadline=time.monotonic() + wait + grace)
+            if status == 200:
+                return unpack_items(body)
+            if status != 404:
+                self._check(status, body, f"GET all of {scope}")
+            if time.monotonic() >= deadline:
+                raise RendezvousError(f"timed out after {timeout if timeout is not None else self.timeout:.1f}s "
+                                      f"waiting for {count} keys in rendezvous scope {scope}")
+
     def try_get(self, scope: str, key: str) -> Optional[bytes]:
         """The value of ``scope/key`` now, or None if there is none (no waiting)."""
         status, body = self._request("GET", self._path("kv", scope, key) + "?wait=0")
@@ -144,6 +162,37 @@ class RendezvousClient:
         status, body = self._request("GET", self._path("keys", scope))
         self._check(status, body, f"GET keys of {scope}")
         return [k for k in body.decode().split("\n") if k]
+
+
+_ITEM = struct.Struct("!II")
+
+
+def pack_items(items: Dict[str, bytes]) -> bytes:
+    """Keys and values as one body: per item, the key's and the value's lengths (4 bytes each), then both."""
+    parts = []
+    for key in sorted(items):
+        raw = key.encode()
+        parts += [_ITEM.pack(len(raw), len(items[key])), raw, items[key]]
+    return b"".join(parts)
+
+
+def unpack_items(body: bytes) -> Dict[str, bytes]:
+    """The inverse of :func:`pack_items`.
+
+    Raises:
+        RendezvousError: the body is cut short.
+    """
+    items, at = {}, 0
+    while at < len(body):
+        if at + _ITEM.size > len(body):
+            raise RendezvousError("truncated rendezvous reply")
+        key_len, value_len = _ITEM.unpack_from(body, at)
+        at += _ITEM.size
+        if at + key_len + value_len > len(body):
+            raise RendezvousError("truncated rendezvous reply")
+        items[body[at:at + key_len].decode()] = body[at + key_len:at + key_len + value_len]
+        at += key_len + value_len
+    return items
 
 
 def _offset(server_clock: str, current: float) -> float:

@@ -8,6 +8,9 @@ Protocol (HTTP/1.1):
     ``GET /kv/<scope>/<key>?wait=<s>``   200 with the value, or 404 once ``wait`` seconds (capped) pass without it.
     ``DELETE /kv/<scope>/<key>``         200; ``DELETE /kv/<scope>`` drops the whole scope.
     ``GET /keys/<scope>``                200 with the scope's keys, one per line.
+    ``GET /all/<scope>?count=<n>&wait=<s>``  200 with every key and value of the scope once it holds ``n`` keys
+                                         (:func:`pack_items`), or 404 once ``wait`` seconds pass before that: one
+                                         request per worker where reading each peer's key would be ``n``.
 
 Every request carries ``X-Horovod-Auth``: HMAC-SHA256 over method, path, a fresh nonce, the sender's clock and the
 body's digest, keyed with the per-job secret, with ``X-Horovod-Nonce``, ``X-Horovod-Time`` and
@@ -35,7 +38,7 @@ import time
 import urllib.parse
 from typing import Dict, List, Optional, Tuple
 
-from horovod.common.rendezvous_client import MAX_CLOCK_SKEW, MAX_VALUE_BYTES, MAX_WAIT_SECONDS, sign_digest
+from horovod.common.rendezvous_client import MAX_CLOCK_SKEW, MAX_VALUE_BYTES, MAX_WAIT_SECONDS, pack_items, sign_digest
 from horovod.common.rendezvous_client import NAME_PATTERN as _NAME
 
 REQUEST_SECONDS = 10.0          # a request's line, headers and body arrive within this, however slowly
@@ -85,6 +88,20 @@ class KVStore:
                     return value
                 self._changed.wait(remaining)
 
+    def get_all(self, scope: str, count: int, wait: float = 0.0) -> Optional[Dict[str, bytes]]:
+        """Every key and value of ``scope`` once it holds at least ``count`` keys, waiting up to ``wait`` seconds;
+        None if it did not fill in time."""
+        deadline = time.monotonic() + wait
+        with self._changed:
+            while True:
+                items = self._data.get(scope, {})
+                remaining = deadline - time.monotonic()
+                if len(items) >= count:
+                    return dict(items)
+                if remaining <= 0:
+                    return None
+                self._changed.wait(remaining)
+
     def delete(self, scope: str, key: Optional[str] = None) -> None:
         """Delete ``scope/key``, or the whole scope when ``key`` is None."""
         with self._changed:
@@ -98,6 +115,13 @@ class KVStore:
         """The keys of ``scope``, sorted."""
         with self._changed:
             return sorted(self._data.get(scope, {}))
+
+
+def _number(query: Dict[str, List[str]], name: str) -> float:
+    try:
+        return float(query.get(name, ["0"])[0])
+    except ValueError:
+        return math.nan
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -195,12 +219,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         parts, query, _ = parsed
         if len(parts) == 2 and parts[0] == "keys":
             return self._reply(200, "\n".join(self.server.store.keys(parts[1])).encode())
+        if len(parts) == 2 and parts[0] == "all":
+            wait, count = _number(query, "wait"), _number(query, "count")
+            if not (math.isfinite(wait) and math.isfinite(count)):
+                return self._reply(400, b"bad wait or count")
+            items = self.server.store.get_all(parts[1], int(count), min(max(wait, 0.0), MAX_WAIT_SECONDS))
+            return self._reply(404) if items is None else self._reply(200, pack_items(items))
         if len(parts) != 3 or parts[0] != "kv":
             return self._reply(400, b"expected /kv/<scope>/<key>")
-        try:
-            wait = float(query.get("wait", ["0"])[0])
-        except ValueError:
-            wait = math.nan
+        wait = _number(query, "wait")
         if not math.isfinite(wait):
             return self._reply(400, b"bad wait")
         value = self.server.store.get(parts[1], parts[2], min(max(wait, 0.0), MAX_WAIT_SECONDS))

@@ -1,4 +1,7 @@
-"""Bring up this rank's transport: publish our data-plane address through the rendezvous, connect to every peer.
+"""Bring up this rank's transport: publish our data-plane address through the rendezvous, learn every peer's.
+
+Connections themselves are opened when a collective first needs them (:mod:`horovod.transport.mesh`); ``init``
+waits only until every rank has published (one request per rank, which returns every record at once).
 
 The address we publish is the one this host uses to reach the rendezvous server (or the interface named by
 ``HOROVOD_GLOO_IFACE``): an address our peers can reach, found by routing rather than guessed from interface names.
@@ -10,15 +13,16 @@ import logging
 import os
 import socket
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError, RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient
+from horovod.transport.mesh import raise_descriptor_limit
 from horovod.transport.tcp import TcpTransport
 
 _log = logging.getLogger("horovod")
 
-__all__ = ["rendezvous_client", "connect"]
+__all__ = ["rendezvous_client", "connect", "LossBoard"]
 
 
 def _routable_address(rendezvous_addr: str, port: int) -> str:
@@ -68,12 +72,13 @@ def rendezvous_client(config, topo) -> RendezvousClient:
 
 
 def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = None) -> TcpTransport:
-    """Create the full mesh of authenticated connections for the job's ranks, bounded by the start timeout.
+    """This rank's transport, once every rank of the job has published its address, bounded by the start timeout.
 
     ``abandoned`` (elastic jobs) says, when asked now and then, that the round this mesh is for was given up (a
     peer died during start-up): the wait then ends at once with HorovodInternalError instead of at the timeout.
     """
     rank, size = topo.rank, topo.size
+    raise_descriptor_limit()
     client = rendezvous_client(config, topo)
     transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds, job_token=scope,
                              liveness=config.liveness_timeout)
@@ -86,30 +91,68 @@ def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = 
     try:
         client.put(scope, str(rank), (f"{host}:{port} {topo.hostname} {_agreed_settings(config)} "
                                       f"{transport.unix_name or '-'} {os.cpu_count() or 1}").encode())
-        addresses: Dict[int, Tuple[str, int]] = {}
-        unix_names: Dict[int, str] = {}
-        for peer in range(rank):
-            addresses[peer], hostname, _, unix_name, _ = _published(client, scope, peer, deadline, abandoned)
-            if hostname == topo.hostname and unix_name != "-":
-                unix_names[peer] = unix_name
-    except RendezvousError as exc:
+        published = _all_published(client, scope, size, deadline, abandoned)
+    except (RendezvousError, HorovodInternalError) as exc:
         transport.close()
+        if isinstance(exc, HorovodInternalError):
+            raise
         raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
-    _log.debug("rank %d: mesh %s listens on %s:%d; dialing %d lower ranks (%d over shared memory)", rank, scope,
-               host, port, len(addresses), len(unix_names))
-    transport.connect(addresses, deadline, unix_names, abandoned)
-    try:
-        # Every peer published before the mesh could form, so these reads do not wait.
-        published = [_published(client, scope, peer, deadline) for peer in range(size)]
-    except RendezvousError as exc:
-        transport.close()
-        raise HorovodInternalError(f"rank {rank}: rendezvous failed: {exc}") from None
+    addresses = {peer: record[0] for peer, record in enumerate(published) if peer != rank}
+    unix_names = {peer: record[3] for peer, record in enumerate(published)
+                  if peer != rank and record[1] == topo.hostname and record[3] != "-"}
     transport.set_layout([hostname for _, hostname, _, _, _ in published], [cores for *_, cores in published])
     mismatch = _settings_mismatch([settings for _, _, settings, _, _ in published])
     if mismatch:
         transport.close()
         raise HorovodInternalError(mismatch)
+    _log.debug("rank %d: mesh %s listens on %s:%d; %d peers known (%d on this host)", rank, scope, host, port,
+               len(addresses), len(unix_names))
+    transport.connect(addresses, config.start_timeout, unix_names, abandoned)
+    transport.loss_board = LossBoard(client, f"{scope}.lost")
     return transport
+
+
+class LossBoard:
+    """Where a rank whose transport failed posts its account (in the job's rendezvous store), before it hangs up.
+
+    Connections open on demand, so most ranks learn of a lost rank from a neighbour that hung up on them, not from the
+    lost rank itself; reading the neighbour's post, they name the rank that was really lost.
+    """
+
+    TIMEOUT = 1.0       # a rendezvous that does not answer within this only loses the account
+
+    def __init__(self, client: RendezvousClient, scope: str):
+        self._client = RendezvousClient(client.addr, client.port, client.secret, timeout=self.TIMEOUT)
+        self._scope = scope
+
+    def read(self) -> Dict[int, str]:
+        """Every account posted so far, by the rank that posted it."""
+        items = self._client.get_all(self._scope, 0, timeout=0.0, grace=self.TIMEOUT)
+        return {int(key): value.decode(errors="replace") for key, value in items.items() if key.isdigit()}
+
+    def post(self, rank: int, account: str) -> None:
+        """Post this rank's account of the failure."""
+        self._client.put(self._scope, str(rank), account.encode()[:4096])
+
+
+def _all_published(client: RendezvousClient, scope: str, size: int, deadline: float,
+                   abandoned: Optional[Callable[[], bool]] = None) -> List[Tuple[Tuple[str, int], str, str, str, int]]:
+    """Every rank's record (see :func:`_parse_record`), once all have published; asks ``abandoned`` every second."""
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            items = client.get_all(scope, size, timeout=left if abandoned is None else min(left, 1.0))
+            break
+        except RendezvousError:
+            if abandoned is None or time.monotonic() >= deadline:
+                raise
+            if abandoned():
+                raise HorovodInternalError(f"the round of {scope} was given up: a peer failed while it "
+                                           f"formed") from None
+    missing = [peer for peer in range(size) if str(peer) not in items]
+    if missing:
+        raise RendezvousError(f"rendezvous scope {scope} lacks ranks {missing[:8]}")
+    return [_parse_record(items[str(peer)].decode()) for peer in range(size)]
 
 
 # Settings that choose algorithms or give cache bits their meaning: every rank must use the same values, or the
@@ -134,21 +177,9 @@ def _settings_mismatch(per_rank) -> str:
     return ""
 
 
-def _published(client: RendezvousClient, scope: str, peer: int, deadline: float,
-               abandoned: Optional[Callable[[], bool]] = None) -> Tuple[Tuple[str, int], str, str, str, int]:
+def _parse_record(text: str) -> Tuple[Tuple[str, int], str, str, str, int]:
     """A peer's record: its TCP address, host identity, agreed settings, Unix socket name ("-" for none) and the
     number of cores of its host."""
-    while True:
-        left = max(0.1, deadline - time.monotonic())
-        try:
-            text = client.get(scope, str(peer), timeout=left if abandoned is None else min(left, 1.0)).decode()
-            break
-        except RendezvousError:
-            if abandoned is None or time.monotonic() >= deadline:
-                raise
-            if abandoned():
-                raise HorovodInternalError(f"the round of {scope} was given up: a peer failed while it "
-                                           f"formed") from None
     address, hostname, settings, unix_name, cores = (text.split(" ") + ["", "", "-", "1"])[:5]
     peer_host, _, peer_port = address.rpartition(":")
     return (peer_host, int(peer_port)), hostname, settings, unix_name, int(cores) if cores.isdigit() else 1

@@ -1,9 +1,15 @@
-"""Making the mesh: listening, dialling and authenticating every pair of ranks, refusing strangers, watching liveness.
+"""Making the mesh: connections opened when first needed, authenticated, refusing strangers, watching liveness.
 
-Rank *j* dials every lower rank and accepts every higher one. Strangers on the listening sockets while the mesh forms
-are each given :data:`HANDSHAKE_SECONDS` in all (not per byte) on a thread of their own, and at most
-:data:`MAX_PENDING_HANDSHAKES` are heard at once, so a silent, trickling or flooding client never delays a real peer's
-handshake.
+A rank connects only to the peers its collectives use (ring neighbours, the coordinator, its host's ranks, the
+partners of recursive doubling or alltoall), the first time it needs each one, so a job that only allreduces holds a
+handful of sockets per rank whatever its size, instead of a full mesh of ``n(n-1)/2`` made at ``init``. The
+listeners stay open for the whole job, served by the transport's I/O thread (:mod:`horovod.transport.reactor`),
+which authenticates every caller without a thread per connection.
+
+Either end of a pair may dial first; when both dial at once, the connection dialled by the higher rank is kept and
+the other is dropped (the acceptor's verdict byte says which), so both ends agree on one connection before a byte
+of data crosses it. A dialled listener that refuses outright belongs to a rank that is gone (every rank listened
+before it published its address): that is reported at once as a lost rank.
 
 Liveness is the kernel's (:func:`watch_liveness`): keepalive probes on idle connections and a bound on unacknowledged
 data, answered by the peer's kernel whatever its Python does.
@@ -14,23 +20,22 @@ A process forked after the mesh was made shares its connections with its parent:
 
 from __future__ import annotations
 
+import errno
 import os
-import queue
-import select
+import resource
 import socket
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
+from horovod.transport.reactor import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES, VERDICT_KEEP, Reactor
 
 __all__ = ["HANDSHAKE_SECONDS", "MAX_PENDING_HANDSHAKES", "PURPOSE_MESH", "FORKED", "forked", "watch_liveness",
-           "MeshSetup"]
+           "raise_descriptor_limit", "MeshSetup"]
 
-PURPOSE_MESH = 1
-HANDSHAKE_SECONDS = 10.0          # an accepted connection's whole handshake, however its bytes trickle in
-MAX_PENDING_HANDSHAKES = 64       # connections being authenticated at once; more are refused at once
+PURPOSE_MESH = 2                  # 1 was the full mesh made at init, whose acceptors sent no verdict
 FORKED = [False]
 
 
@@ -75,6 +80,20 @@ def watch_liveness(sock: socket.socket, seconds: float) -> None:
             pass
 
 
+def raise_descriptor_limit() -> int:
+    """Raise this process's open-file limit to its hard limit (a rank holds a socket per peer it talks to); returns
+    the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard or hard == resource.RLIM_INFINITY and soft < 1 << 20:
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (OSError, ValueError):
+            pass
+    return soft
+
+
 class MeshSetup:
     """The connection-making half of :class:`horovod.transport.tcp.TcpTransport` (which sets every attribute)."""
 
@@ -82,15 +101,23 @@ class MeshSetup:
     size: int
     secret: bytes
     liveness: float
+    timeout: float
     hostnames: List[str]
     _socks: Dict[int, socket.socket]
     _listener: Optional[socket.socket]
     _unix_listener: Optional[socket.socket]
+    _reactor: Optional[Reactor]
+    _broken: Optional[str]
     unix_name: str
-    _accepting_ended: bool
 
     def close(self) -> None:
         """Close every connection (the transport's)."""
+        raise NotImplementedError
+
+    def _fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
+        raise NotImplementedError
+
+    def _configure(self, sock: socket.socket) -> None:
         raise NotImplementedError
 
     def _check_abandoned(self) -> None:
@@ -102,11 +129,22 @@ class MeshSetup:
 
     def listen(self, bind_host: str = "0.0.0.0") -> int:
         """Open the listening socket; returns its port (to be published through the rendezvous)."""
+        self._links = threading.Condition()
+        self._dialing: Set[int] = set()
+        self._claimed: Set[int] = set()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((bind_host, 0))
-        self._listener.listen(max(16, self.size))
+        self._listener.listen(_backlog(self.size))
         self._listen_unix()
+        # Served from now on, while this rank still waits for the others to publish: a peer that starts sooner
+        # may dial at once, and strangers are dropped while they wait.
+        self._reactor = Reactor(self.rank, self.size, self.secret, PURPOSE_MESH, self._claim, self._fail,
+                                self._adopt)
+        self._reactor.start()
+        for listener in (self._listener, self._unix_listener):
+            if listener is not None:
+                self._reactor.listen_on(listener)
         return self._listener.getsockname()[1]
 
     def _listen_unix(self) -> None:
@@ -116,141 +154,150 @@ class MeshSetup:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind("\0" + name)
-            listener.listen(max(16, self.size))
+            listener.listen(_backlog(self.size))
         except OSError:
             listener.close()
             return
         self._unix_listener, self.unix_name = listener, name
 
-    def _connect_all(self, addresses: Dict[int, Tuple[str, int]], deadline: float,
-                     unix_names: Optional[Dict[int, str]]) -> None:
-        """Dial every lower rank and accept every higher one; the listeners are closed after, success or not."""
-        try:
-            for peer in range(self.rank):
-                name = (unix_names or {}).get(peer)
-                if not (name and self._dial_unix(peer, name, deadline)):
-                    self._dial(peer, addresses[peer], deadline)
-            self._accept_higher(deadline)
-        except HorovodInternalError:
-            self.close()
-            raise
-        except (OSError, ConnectionError) as exc:
-            self.close()
-            raise HorovodInternalError(f"rank {self.rank}: could not connect to its peers: {exc}") from None
-        finally:
-            for listener in (self._listener, self._unix_listener):
-                if listener is not None:
-                    listener.close()
-            self._listener = self._unix_listener = None
+    def connect(self, addresses: Dict[int, Tuple[str, int]], connect_timeout: float,
+                unix_names: Optional[Dict[int, str]] = None, abandoned=None) -> None:
+        """Learn every peer's address: connections to ``addresses`` (every peer's TCP address) are opened when
+        first needed, each within ``connect_timeout`` seconds. ``unix_names`` names the Unix sockets of peers on
+        this host, tried before TCP."""
+        self._addresses = dict(addresses)
+        self._unix_names = dict(unix_names or {})
+        self._connect_timeout = connect_timeout
+        self._abandoned = abandoned      # asked now and then while waiting for a peer (elastic rounds)
 
-    def _dial(self, peer: int, address: Tuple[str, int], deadline: float) -> None:
-        last: Optional[BaseException] = None
-        while time.monotonic() < deadline:
+    # -- both ends agree on one connection -----------------------------------------------------------------------
+
+    def _claim(self, peer: int) -> bool:
+        """Whether a connection ``peer`` dialled is kept (the I/O thread asks, once the peer proved itself)."""
+        with self._links:
+            if self._broken is not None or peer in self._socks or peer in self._claimed:
+                return False
+            if peer in self._dialing and peer < self.rank:
+                return False        # we are dialling it too, and the higher rank's connection is the one kept
+            self._claimed.add(peer)
+            return True
+
+    def _adopt(self, peer: int, sock: Optional[socket.socket]) -> None:
+        """A claimed connection is ready for use (the verdict went out), or ``None``: it failed before that."""
+        if sock is not None:
+            self._configure(sock)
+        with self._links:
+            self._claimed.discard(peer)
+            if sock is not None:
+                if self._broken is not None:
+                    sock.close()
+                else:
+                    self._socks[peer] = sock
+            self._links.notify_all()
+
+    def _open(self, peer: int) -> socket.socket:
+        """The connection to ``peer``, dialled now if neither end has opened it yet.
+
+        Raises:
+            HorovodInternalError: the peer is gone, unreachable or never answered within the connect timeout.
+        """
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise HorovodInternalError(f"rank {self.rank} has no connection to rank {peer}")
+        deadline = time.monotonic() + self._connect_timeout
+        dialled = False
+        while True:
+            with self._links:
+                while True:
+                    if self._broken is not None:
+                        raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+                    sock = self._socks.get(peer)
+                    if sock is not None:
+                        return sock
+                    if peer not in self._dialing and peer not in self._claimed and not dialled:
+                        self._dialing.add(peer)
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._fail(peer, TimeoutError(
+                            f"no connection within {self._connect_timeout:g} s (HOROVOD_START_TIMEOUT)"))
+                    self._links.wait(min(left, 0.5))
+                    self._check_abandoned()
+            sock = None
             try:
-                sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
-            except OSError as exc:
-                last = exc
-                self._check_abandoned()
-                time.sleep(0.05)
-                continue
-            watch_liveness(sock, self.liveness)
-            self._greet(sock, peer, address, deadline)
-            return
-        raise HorovodInternalError(f"rank {self.rank} could not reach rank {peer} at {address[0]}:{address[1]} "
-                                   f"before the start timeout: {last}")
+                sock = self._dial_any(peer, deadline)
+            finally:
+                dialled = True
+                if sock is not None:
+                    self._configure(sock)
+                with self._links:
+                    self._dialing.discard(peer)
+                    if sock is not None and self._broken is None:
+                        self._socks[peer] = sock
+                    self._links.notify_all()
+            # Dropped: the peer dialled us at the same time and its connection is the one kept; wait for it.
 
-    def _dial_unix(self, peer: int, name: str, deadline: float) -> bool:
-        """Connect to a same-host peer's Unix socket; False when it cannot be reached that way (then TCP)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def _dial_any(self, peer: int, deadline: float) -> Optional[socket.socket]:
+        """A connection to ``peer`` that it kept, or None when it kept its own dial to us instead."""
+        name = self._unix_names.get(peer)
+        if name:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                sock.connect("\0" + name)
+            except OSError:
+                sock.close()    # another network namespace after all: TCP
+            else:
+                return self._greet(sock, peer, deadline)
+        address = self._addresses.get(peer)
+        if address is None:
+            raise HorovodInternalError(f"rank {self.rank} has no address for rank {peer}")
         try:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            sock.connect("\0" + name)
-        except OSError:
-            sock.close()    # another network namespace, or no such socket: the peer is not here after all
-            return False
-        self._greet(sock, peer, f"unix:{name}", deadline)
-        return True
+            sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+        except OSError as exc:
+            raise self._dial_error(peer, address, exc) from None
+        watch_liveness(sock, self.liveness)
+        return self._greet(sock, peer, deadline)
 
-    def _greet(self, sock: socket.socket, peer: int, where, deadline: float) -> None:
-        """Authenticate a connection we dialled; it becomes ``peer``'s when ``peer`` answered."""
+    def _dial_error(self, peer: int, address: Tuple[str, int], exc: OSError) -> HorovodInternalError:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            return HorovodInternalError(
+                f"rank {self.rank} cannot open a connection to rank {peer}: the limit of {soft} open files per "
+                f"process is reached (hard limit {hard}); raise it (ulimit -n) before starting the job")
+        if isinstance(exc, ConnectionRefusedError):
+            return self._fail(peer, ConnectionError(f"its listener at {address[0]}:{address[1]} refused the "
+                                                    f"connection"))
+        return self._fail(peer, exc)
+
+    def _greet(self, sock: socket.socket, peer: int, deadline: float) -> Optional[socket.socket]:
+        """Authenticate a connection we dialled and read the acceptor's verdict: the socket if kept, else None."""
         try:
-            their_rank = wire.handshake(sock, self.secret, self.rank, PURPOSE_MESH, deadline=deadline)
+            their_rank = wire.handshake(sock, self.secret, self.rank, PURPOSE_MESH,
+                                        deadline=min(deadline, time.monotonic() + HANDSHAKE_SECONDS))
+            verdict = wire.recv_by(sock, 1, deadline)
+        except (OSError, ConnectionError) as exc:
+            sock.close()
+            raise self._fail(peer, exc) from None
         except BaseException:
             sock.close()
             raise
         if their_rank != peer:
             sock.close()
-            raise HorovodInternalError(f"rank {self.rank} dialled rank {peer} at {where} but rank "
-                                       f"{their_rank} answered")
-        self._socks[peer] = sock
+            raise HorovodInternalError(f"rank {self.rank} dialled rank {peer} but rank {their_rank} answered")
+        if verdict != VERDICT_KEEP:
+            sock.close()
+            return None
+        return sock
 
-    def _accept_higher(self, deadline: float) -> None:
-        """Accept and authenticate every higher rank; each accepted connection shakes hands on its own thread.
-
-        A stranger (silent, trickling, garbage) is dropped after :data:`HANDSHAKE_SECONDS` at most, and never holds
-        up a real peer, whose handshake runs beside it.
-        """
-        expected = set(range(self.rank + 1, self.size))
-        listeners = [listener for listener in (self._listener, self._unix_listener) if listener is not None]
-        done: "queue.SimpleQueue[Tuple[int, socket.socket]]" = queue.SimpleQueue()
-        pending = [0]
-        lock = threading.Lock()
-        try:
-            while expected:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise HorovodInternalError(f"rank {self.rank} timed out waiting for ranks {sorted(expected)} "
-                                               f"to connect")
-                self._check_abandoned()
-                while True:     # collect finished handshakes
-                    try:
-                        peer, sock = done.get_nowait()
-                    except queue.Empty:
-                        break
-                    if peer in expected:
-                        expected.discard(peer)
-                        self._socks[peer] = sock
-                    else:
-                        sock.close()
-                if not expected:
-                    break
-                ready, _, _ = select.select(listeners, [], [], min(remaining, 0.05))
-                for listener in ready:
-                    self._accept_one(listener, deadline, done, pending, lock)
-        finally:
-            self._accepting_ended = True
-
-    def _accept_one(self, listener: socket.socket, deadline: float, done, pending, lock) -> None:
-        try:
-            sock, _ = listener.accept()
-        except (BlockingIOError, InterruptedError, OSError):
-            return
-        with lock:
-            if pending[0] >= MAX_PENDING_HANDSHAKES:
-                sock.close()    # a flood of connections: real peers retry until the start deadline
-                return
-            pending[0] += 1
-        if sock.family != socket.AF_UNIX:
-            watch_liveness(sock, self.liveness)
-
-        def shake() -> None:
-            try:
-                limit = min(deadline, time.monotonic() + HANDSHAKE_SECONDS)
-                peer = wire.handshake(sock, self.secret, self.rank, PURPOSE_MESH, dialer=False, deadline=limit)
-            except (HorovodInternalError, OSError, ConnectionError, ValueError):
-                sock.close()    # a stranger or a garbled greeting: drop it, real peers are not held up
-                return
-            finally:
-                with lock:
-                    pending[0] -= 1
-            if self._accepting_ended:
-                sock.close()
-            else:
-                done.put((peer, sock))
-
-        threading.Thread(target=shake, name="horovod-handshake", daemon=True).start()
+    def connected_peers(self) -> List[int]:
+        """The peers this rank holds a connection to now."""
+        return sorted(self._socks)
 
     def _where(self, peer: int) -> str:
         host = self.hostnames[peer] if 0 <= peer < len(self.hostnames) else ""
         return f"rank {peer} on host {host}" if host else f"rank {peer}"
 
+
+def _backlog(size: int) -> int:
+    # Every rank may dial one (the coordinator) at once when the job starts.
+    return max(128, min(size, 4096))

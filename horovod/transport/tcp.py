@@ -1,14 +1,15 @@
-"""Socket transport: one authenticated, full-duplex connection between every pair of ranks.
+"""Socket transport: an authenticated, full-duplex connection to each peer a rank talks to.
 
-Connections are made once at ``init`` through the rendezvous (rank *j* dials every lower rank and accepts every
-higher one). Ranks on one host connect through a Unix-domain socket (Linux's abstract namespace) where they can: the
-same stream, without the TCP stack, so a small send costs about a tenth of a loopback TCP send. TCP is the fallback,
-and the only way between hosts. A collective's transfers go through :meth:`TcpTransport.duplex`, which moves its
-sends and receives together on the calling thread (:mod:`horovod.transport.duplex`); each peer also has a sender
-thread, for :meth:`~TcpTransport.isend` of anything too large to go inline. A socket error, a closed connection or a
-peer silent for longer than the timeout becomes :class:`HorovodInternalError` naming the peer; the transport then
-closes every connection so that the other ranks learn of the failure at once instead of waiting for their own
-timeout.
+A connection is opened the first time a collective needs it (:mod:`horovod.transport.mesh`), to the address every
+rank published through the rendezvous. Ranks on one host connect through a Unix-domain socket (Linux's abstract
+namespace) where they can: the same stream, without the TCP stack, so a small send costs about a tenth of a loopback
+TCP send. TCP is the fallback, and the only way between hosts. A collective's transfers go through
+:meth:`TcpTransport.duplex`, which moves its sends and receives together on the calling thread
+(:mod:`horovod.transport.duplex`); :meth:`~TcpTransport.isend` of anything too large to go inline is written by the
+transport's one I/O thread (:mod:`horovod.transport.reactor`), which also serves the listeners: a rank runs that
+thread beside the engine's, whatever the world size. A socket error, a closed connection or a peer silent for
+longer than the timeout becomes :class:`HorovodInternalError` naming the peer; the transport then closes every
+connection so that the other ranks learn of the failure at once instead of waiting for their own timeout.
 
 Liveness is the kernel's, separate from progress: every TCP connection has keepalive probes and a bound on
 unacknowledged data (``HOROVOD_LIVENESS_TIMEOUT``), which the peer's kernel answers whatever its Python does (a rank
@@ -24,17 +25,17 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import queue
 import select
 import socket
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
 from horovod.transport.duplex import PollDuplex
 from horovod.transport.mesh import FORKED, MeshSetup, forked, watch_liveness
+from horovod.transport.reactor import Reactor, SendFuture
 
 __all__ = ["SendFuture", "TcpTransport", "forked", "watch_liveness"]
 
@@ -42,24 +43,6 @@ log = logging.getLogger("horovod")
 
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _INLINE_SEND_BYTES = 64 * 1024
-class SendFuture:
-    """Completion of one queued send; ``wait`` re-raises the sender's error."""
-
-    __slots__ = ("_event", "_error")
-
-    def __init__(self):
-        self._event = threading.Event()
-        self._error: Optional[BaseException] = None
-
-    def _finish(self, error: Optional[BaseException] = None) -> None:
-        self._error = error
-        self._event.set()
-
-    def wait(self) -> None:
-        """Return once the send completed; re-raise the sender's error."""
-        self._event.wait()
-        if self._error is not None:
-            raise self._error
 
 
 class _Sent:
@@ -72,31 +55,6 @@ class _Sent:
 
 
 _SENT = _Sent()
-
-
-class _Sender(threading.Thread):
-    def __init__(self, transport: "TcpTransport", peer: int):
-        super().__init__(name=f"horovod-send-{peer}", daemon=True)
-        self.transport = transport
-        self.peer = peer
-        self.jobs: "queue.SimpleQueue[Optional[Tuple[memoryview, SendFuture]]]" = queue.SimpleQueue()
-        # Jobs queued and not yet sent = put - done; each counter has one writer (engine thread, this thread).
-        self.put = 0
-        self.done = 0
-
-    def run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            view, future = job
-            try:
-                self.transport.send(self.peer, view)
-                self.done += 1
-                future._finish()
-            except BaseException as exc:  # handed to the waiting thread
-                self.done += 1
-                future._finish(exc)
 
 
 def _configure(sock: socket.socket, timeout: float, liveness: float = 0.0) -> None:
@@ -123,12 +81,18 @@ class TcpTransport(MeshSetup):
         self.liveness = liveness            # HOROVOD_LIVENESS_TIMEOUT (0: the kernel's defaults)
         self.job_token = job_token
         self._socks: Dict[int, socket.socket] = {}
-        self._senders: Dict[int, _Sender] = {}
+        self._reactor: Optional[Reactor] = None
         self._broken: Optional[str] = None
         self._pid = os.getpid()
         self._silence_reported: set = set()
-        self._accepting_ended = False
         self._abandoned = None
+        self._fail_lock = threading.Lock()
+        # Where a failing rank posts its account before it hangs up, so that ranks that only learn of the failure
+        # from it (connections open on demand: few see a lost rank itself) name the lost rank, not the messenger.
+        self.loss_board = None
+        self._addresses: Dict = {}
+        self._unix_names: Dict[int, str] = {}
+        self._connect_timeout = timeout if timeout > 0 else 30.0
         self._listener: Optional[socket.socket] = None
         self._unix_listener: Optional[socket.socket] = None
         self.unix_name = ""                # where same-host peers dial us ("" when Unix sockets are unavailable)
@@ -137,19 +101,8 @@ class TcpTransport(MeshSetup):
 
     # -- setup ---------------------------------------------------------------------------------------------------
 
-    def connect(self, addresses: Dict[int, Tuple[str, int]], deadline: float,
-                unix_names: Optional[Dict[int, str]] = None, abandoned=None) -> None:
-        """Dial every lower rank and accept every higher one, authenticating each; bounded by ``deadline``.
-
-        ``unix_names`` names the Unix sockets of lower ranks on this host; each is tried before the TCP address.
-        """
-        self._abandoned = abandoned      # asked now and then while waiting for peers (elastic rounds)
-        self._connect_all(addresses, deadline, unix_names)
-        for peer, sock in self._socks.items():
-            _configure(sock, self.timeout, self.liveness)
-            sender = _Sender(self, peer)
-            sender.start()
-            self._senders[peer] = sender
+    def _configure(self, sock: socket.socket) -> None:
+        _configure(sock, self.timeout, self.liveness)
 
     def set_layout(self, hostnames: Sequence[str], cores: Sequence[int]) -> None:
         """Every rank's host identity and core count, as the ranks published them (known once the mesh is up).
@@ -165,20 +118,39 @@ class TcpTransport(MeshSetup):
     # -- messaging -------------------------------------------------------------------------------------------------
 
     def _fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
-        if self._broken is None:
-            if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT:
-                # The kernel's keepalive probes or unacknowledged data ran out: the host is down or cut off.
-                self._broken = (f"{self._where(peer)} was lost: its connection showed no sign of life for "
-                                f"{self.liveness:g} s (HOROVOD_LIVENESS_TIMEOUT); its host is down or unreachable")
-            elif isinstance(exc, socket.timeout):
-                # Python's own timeout: the peer's kernel still answers, so the process is alive but stuck.
-                self._broken = (f"{self._where(peer)} sent nothing for {self.timeout:g} s in the middle of a "
-                                f"collective (HOROVOD_GLOO_TIMEOUT_SECONDS), though its connection is alive: it is "
-                                f"stuck, or busy in a long call that holds Python's GIL")
-            else:
-                self._broken = f"{self._where(peer)} was lost: its connection failed ({exc}); the process died"
-            self.close()
+        with self._fail_lock:
+            if self._broken is None:
+                self._broken = self._cause(peer, exc)
+                self.close()
         return HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+
+    def _cause(self, peer: int, exc: BaseException) -> str:
+        """What failed, as this rank tells it: its own view of ``peer``'s connection, unless ``peer`` posted on the
+        loss board before it hung up (then it is passing on a loss it saw, and its account names the lost rank)."""
+        if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT:
+            # The kernel's keepalive probes or unacknowledged data ran out: the host is down or cut off.
+            cause = (f"{self._where(peer)} was lost: its connection showed no sign of life for {self.liveness:g} s "
+                     f"(HOROVOD_LIVENESS_TIMEOUT); its host is down or unreachable")
+        elif isinstance(exc, socket.timeout):
+            # Python's own timeout: the peer's kernel still answers, so the process is alive but stuck.
+            cause = (f"{self._where(peer)} sent nothing for {self.timeout:g} s in the middle of a collective "
+                     f"(HOROVOD_GLOO_TIMEOUT_SECONDS), though its connection is alive: it is stuck, or busy in a "
+                     f"long call that holds Python's GIL")
+        else:
+            cause = f"{self._where(peer)} was lost: its connection failed ({exc}); the process died"
+        board = self.loss_board
+        if board is None:
+            return cause
+        try:
+            posted = board.read()
+            if peer in posted:
+                cause = posted[peer]
+                if " (passed on by rank " not in cause:
+                    cause = f"{cause} (passed on by rank {peer})"
+            board.post(self.rank, cause)
+        except Exception as error:  # the board is a courtesy: a launcher that is gone only loses the account
+            log.debug("rank %d: the loss board failed: %s", self.rank, error)
+        return cause
 
     def fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
         """The error for ``peer``'s connection failing with ``exc``; the transport fails as a whole."""
@@ -195,12 +167,9 @@ class TcpTransport(MeshSetup):
     def quiesce(self, peer: int) -> None:
         """Return once no queued send to ``peer`` is still being written (before another writer takes the
         connection)."""
-        sender = self._senders.get(peer)
-        if sender is not None and sender.put != sender.done:
-            future = SendFuture()
-            sender.put += 1
-            sender.jobs.put((memoryview(b""), future))
-            future.wait()
+        reactor = self._reactor
+        if reactor is not None and not reactor.idle(peer):
+            reactor.send(peer, self._sock(peer), memoryview(b"")).wait()
 
     def check_open(self, peer: int) -> None:
         """Raise HorovodInternalError if ``peer`` hung up; bytes waiting on the connection are left there."""
@@ -228,10 +197,8 @@ class TcpTransport(MeshSetup):
     def _sock(self, peer: int) -> socket.socket:
         if self._broken is not None:
             raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
-        try:
-            return self._socks[peer]
-        except KeyError:
-            raise HorovodInternalError(f"rank {self.rank} has no connection to rank {peer}") from None
+        sock = self._socks.get(peer)
+        return sock if sock is not None else self._open(peer)
 
     def fileno(self, peer: int) -> int:
         """The connection's file descriptor, for waiting on several peers at once."""
@@ -251,9 +218,9 @@ class TcpTransport(MeshSetup):
         Small messages fit in the kernel's socket buffer, so they are sent inline: handing them to the sender
         thread would cost more than the send.
         """
-        sender = self._senders.get(peer)
+        reactor = self._reactor
         # Inline only when nothing is queued for this peer: two threads writing one socket would interleave bytes.
-        if len(view) <= _INLINE_SEND_BYTES and (sender is None or sender.put == sender.done):
+        if len(view) <= _INLINE_SEND_BYTES and (reactor is None or reactor.idle(peer)) or reactor is None:
             try:
                 self.send(peer, view)
                 return _SENT
@@ -261,11 +228,7 @@ class TcpTransport(MeshSetup):
                 future = SendFuture()
                 future._finish(exc)
                 return future
-        future = SendFuture()
-        self._sock(peer)
-        sender.put += 1
-        sender.jobs.put((view, future))
-        return future
+        return reactor.send(peer, self._sock(peer), view)
 
     def recv_into(self, peer: int, view: memoryview) -> None:
         """Fill ``view`` with the next bytes from ``peer``."""
@@ -292,7 +255,7 @@ class TcpTransport(MeshSetup):
             raise self._fail(peer, exc) from None
 
     def close(self) -> None:
-        """Close every connection and stop the sender threads; later calls raise HorovodInternalError.
+        """Close every connection and stop the I/O thread; later calls raise HorovodInternalError.
 
         In a process forked after the connections were made, they are the parent's too: they are only closed
         here, never shut down, which would cut the parent off.
@@ -302,8 +265,8 @@ class TcpTransport(MeshSetup):
                 listener.close()
         self._listener = self._unix_listener = None
         child = FORKED[0] and self._pid != os.getpid()
-        for sender in self._senders.values():
-            sender.jobs.put(None)
+        if self._reactor is not None:
+            self._reactor.stop()
         for sock in list(self._socks.values()):
             if not child:
                 try:
@@ -316,8 +279,7 @@ class TcpTransport(MeshSetup):
                             if child else "the transport was closed (Horovod has been shut down)")
 
     def join_senders(self, timeout: float) -> None:
-        """Wait (after :meth:`close`) for the sender threads to end, so that none outlives the interpreter."""
-        end = time.monotonic() + timeout
-        for sender in self._senders.values():
-            if sender is not threading.current_thread():
-                sender.join(max(0.0, end - time.monotonic()))
+        """Wait (after :meth:`close`) for the I/O thread to end, so that it does not outlive the interpreter."""
+        reactor = self._reactor
+        if reactor is not None and reactor.is_alive() and reactor is not threading.current_thread():
+            reactor.join(timeout)

@@ -26,12 +26,15 @@ from typing import Any, Callable, Optional
 
 from horovod.common.exceptions import HorovodInternalError
 
-__all__ = ["MAGIC", "MAX_CONTROL_BYTES", "encode", "decode", "recv_exact", "send_frame", "recv_frame", "handshake"]
+__all__ = ["MAGIC", "MAX_CONTROL_BYTES", "HELLO_SIZE", "PROOF_SIZE", "encode", "decode", "recv_exact", "send_frame",
+           "recv_frame", "recv_by", "hello", "hello_matches", "parse_hello", "proof", "handshake"]
 
 MAGIC = b"HVDPY1\0\0"
 MAX_CONTROL_BYTES = 64 * 1024 * 1024
 _LEN = struct.Struct("!I")
 _HELLO = struct.Struct("!8s16sii")   # magic, nonce, rank, purpose id
+HELLO_SIZE = _HELLO.size
+PROOF_SIZE = 32
 
 
 class _NoClassUnpickler(pickle.Unpickler):
@@ -136,7 +139,7 @@ def _recv_header_patiently(sock: socket.socket, view: memoryview, on_silence: Ca
         got += n
 
 
-def _recv_by(sock: socket.socket, size: int, deadline: Optional[float]) -> bytes:
+def recv_by(sock: socket.socket, size: int, deadline: Optional[float]) -> bytes:
     """``size`` bytes from ``sock`` before ``deadline`` in all, however slowly they trickle in."""
     data = bytearray(size)
     view = memoryview(data)
@@ -154,7 +157,24 @@ def _recv_by(sock: socket.socket, size: int, deadline: Optional[float]) -> bytes
     return bytes(data)
 
 
-def _proof(secret: bytes, role: bytes, dialer_nonce: bytes, acceptor_nonce: bytes, dialer_rank: int,
+def hello(nonce: bytes, my_rank: int, purpose: int) -> bytes:
+    """The first bytes each end of a connection sends."""
+    return _HELLO.pack(MAGIC, nonce, my_rank, purpose)
+
+
+def hello_matches(data: bytes, purpose: int) -> bool:
+    """Whether a peer's hello speaks this protocol for ``purpose``."""
+    magic, _, _, their_purpose = _HELLO.unpack(data)
+    return magic == MAGIC and their_purpose == purpose
+
+
+def parse_hello(data: bytes):
+    """A peer's hello as ``(nonce, rank)``."""
+    _, nonce, rank, _ = _HELLO.unpack(data)
+    return nonce, rank
+
+
+def proof(secret: bytes, role: bytes, dialer_nonce: bytes, acceptor_nonce: bytes, dialer_rank: int,
            acceptor_rank: int, purpose: int) -> bytes:
     # The role and both ranks are bound into the proof, so a proof obtained from one connection (or from the other
     # direction of the handshake) is worthless on any other: no reflection of a peer's own answer.
@@ -182,19 +202,19 @@ def handshake(sock: socket.socket, secret: bytes, my_rank: int, purpose: int, di
         HorovodInternalError: the peer does not know the secret, speaks another protocol or another purpose.
     """
     nonce = os.urandom(16)
-    sock.sendall(_HELLO.pack(MAGIC, nonce, my_rank, purpose))
-    hello = _recv_by(sock, _HELLO.size, deadline)
-    magic, their_nonce, their_rank, their_purpose = _HELLO.unpack(hello)
-    if magic != MAGIC or their_purpose != purpose:
+    sock.sendall(hello(nonce, my_rank, purpose))
+    theirs = recv_by(sock, HELLO_SIZE, deadline)
+    if not hello_matches(theirs, purpose):
         raise HorovodInternalError("peer speaks another protocol or belongs to another job")
+    their_nonce, their_rank = parse_hello(theirs)
     if dialer:
-        sock.sendall(_proof(secret, b"D", nonce, their_nonce, my_rank, their_rank, purpose))
-        expected = _proof(secret, b"A", nonce, their_nonce, my_rank, their_rank, purpose)
+        sock.sendall(proof(secret, b"D", nonce, their_nonce, my_rank, their_rank, purpose))
+        expected = proof(secret, b"A", nonce, their_nonce, my_rank, their_rank, purpose)
     else:
-        expected = _proof(secret, b"D", their_nonce, nonce, their_rank, my_rank, purpose)
-    proof = _recv_by(sock, 32, deadline)
-    if not hmac.compare_digest(proof, expected):
+        expected = proof(secret, b"D", their_nonce, nonce, their_rank, my_rank, purpose)
+    answer = recv_by(sock, PROOF_SIZE, deadline)
+    if not hmac.compare_digest(answer, expected):
         raise HorovodInternalError("peer failed authentication (wrong job secret)")
     if not dialer:
-        sock.sendall(_proof(secret, b"A", their_nonce, nonce, their_rank, my_rank, purpose))
+        sock.sendall(proof(secret, b"A", their_nonce, nonce, their_rank, my_rank, purpose))
     return their_rank
