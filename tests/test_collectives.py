@@ -10,11 +10,12 @@ from horovod.testing.fixtures import run_horovodrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL_FUSION = {"HOROVOD_FUSION_THRESHOLD": "65536"}
-# The TCP runs negotiate through rank 0 (as jobs above 4 ranks, or crowded ones, do), the shared-memory runs peer to
-# peer (as jobs of up to 4 ranks with a core each do), so that both protocols meet every op, dtype, process set and
-# error case at every size.
+# The TCP runs negotiate through rank 0 (as jobs of 5-16 ranks, or crowded ones, do), the shared-memory runs peer to
+# peer (as jobs of up to 4 ranks with a core each do), the default-transport runs up and down the tree (as jobs above
+# 16 ranks do), so that every protocol meets every op, dtype, process set and error case at every size.
 TRANSPORTS = {"tcp": {"HOROVOD_SHM_DISABLE": "1", "HOROVOD_NEGOTIATION": "star"},
-              "shm": {"HOROVOD_SHM_MIN_BYTES": "0", "HOROVOD_NEGOTIATION": "peer"}}
+              "shm": {"HOROVOD_SHM_MIN_BYTES": "0", "HOROVOD_NEGOTIATION": "peer"},
+              "tree": {"HOROVOD_NEGOTIATION": "tree"}}
 
 
 def _all_checks():

@@ -37,7 +37,10 @@ def broadcast(group: Group, raw: np.ndarray, root_index: int) -> None:
     if use_shm(group, raw.size):
         shm_collectives.broadcast(group, raw, root_index)
     elif group.size > 2 and raw.size <= ring.EXCHANGE_MAX_BYTES:
-        latency.direct_broadcast(group, raw, root_index)     # one hop; the chain's n - 1 cost more than the bytes
+        if latency.prefer_recursive_doubling(group.size, raw.size):
+            latency.binomial_broadcast(group, raw, root_index)  # log2 n hops; the root sends log2 n messages
+        else:
+            latency.direct_broadcast(group, raw, root_index)  # one hop; the chain's n - 1 cost more than the bytes
     else:
         ring.chain_broadcast(group, raw, root_index)
 

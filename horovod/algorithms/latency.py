@@ -10,7 +10,9 @@ latency/bandwidth model, the same on every rank since it reads only ``n`` and ``
 
 A small broadcast goes straight from the root to every rank (:func:`direct_broadcast`): one hop instead of the
 chain's ``n - 1``, for ``n - 1`` messages from the root, which below ``ring.EXCHANGE_MAX_BYTES`` cost less than the
-hops.
+hops. Where the same model prefers recursive doubling (many ranks), it travels a binomial tree instead
+(:func:`binomial_broadcast`): ``ceil(log2 n)`` hops, and the root talks to ``log2 n`` ranks, not to all of them, so
+a large job opens no connection per rank for it.
 
 Recursive doubling gives every rank the same bits: at each step a pair adds the same two partial results (``a + b``
 and ``b + a`` are equal in IEEE arithmetic, and so are min, max and products).
@@ -23,7 +25,7 @@ import numpy as np
 from horovod.algorithms.group import Group, byte_view, sendrecv
 
 __all__ = ["HOP_SECONDS", "MESSAGE_SECONDS", "BYTE_SECONDS", "prefer_recursive_doubling",
-           "recursive_doubling_allreduce", "direct_broadcast"]
+           "recursive_doubling_allreduce", "direct_broadcast", "binomial_broadcast"]
 
 # The model's constants, measured on the project's machines (namespace hosts over veth, see docs/performance.md):
 HOP_SECONDS = 60e-6        # one dependent network hop, wake-up included
@@ -85,3 +87,20 @@ def direct_broadcast(group: Group, raw: np.ndarray, root_index: int) -> None:
     else:
         duplex.recv(group.ranks[root_index], byte_view(raw))
     duplex.run()
+
+
+def binomial_broadcast(group: Group, raw: np.ndarray, root_index: int) -> None:
+    """Copy the flat uint8 ``raw`` of the rank at ``root_index`` to every rank along a binomial tree: in the step at
+    distance ``d``, every rank ``d`` or fewer places after the root (which has the bytes by then) sends them ``d``
+    places further."""
+    n = group.size
+    if n == 1 or raw.size == 0:
+        return
+    me = (group.index - root_index) % n      # places after the root
+    distance = 1
+    while distance < n:
+        if me < distance and me + distance < n:
+            sendrecv(group, (me + distance + root_index) % n, send=raw)
+        elif distance <= me < 2 * distance:
+            sendrecv(group, (me - distance + root_index) % n, recv=raw)
+        distance <<= 1

@@ -162,9 +162,10 @@ class Config:
     shm_disable: bool = _s(False, "never use the shared-memory transport between ranks of one host", agreed=True)
     negotiation: str = _s(
         "auto", "how ranks agree on which tensors are ready: peer (every rank sends its requests to every other "
-        "rank and all decide alike: one network hop), star (through rank 0: two hops, fewer messages in large "
-        "jobs) or auto (peer up to 4 ranks with a core each, unless autotune runs)",
-        choices=("auto", "peer", "star"), agreed=True)
+        "rank and all decide alike: one network hop), star (through rank 0: two hops, fewer messages), tree "
+        "(through rank 0 up and down a binary tree: a few frames per rank and cycle whatever the world size) or "
+        "auto (peer up to 4 ranks with a core each unless autotune runs, star up to 16, tree above)",
+        choices=("auto", "peer", "star", "tree"), agreed=True)
     shm_min_bytes: int = _s(64 * 1024, "smallest collective that goes through shared memory; smaller ones use TCP, "
                             "whose two small messages beat the shared-memory path's barriers", minimum=0,
                             agreed=True)

@@ -92,8 +92,19 @@ class Coordinator:
         Returns:
             (batches to execute in order, whether the job shuts down, stall reports due now)
         """
+        return self.step_groups([((index,), message) for index, message in enumerate(messages)], now)
+
+    def step_groups(self, groups: Sequence[Tuple[Sequence[int], Message]], now: float
+                    ) -> Tuple[List[List[Response]], bool, List[StallReport]]:
+        """Absorb one cycle's messages given as (positions, message): every position listed sent that message,
+        and each position appears once. Equal messages cost one pass, however many ranks sent them (the tree
+        negotiation gathers them so).
+
+        Returns:
+            as :meth:`step`
+        """
         self.arrivals = []
-        shutdown = self._absorb(messages, now)
+        shutdown = self._absorb(groups, now)
         if self._joined and self._fast:
             for name in list(self._fast):
                 self._to_slow_track(name)
@@ -111,36 +122,39 @@ class Coordinator:
             self._joined.clear()
         return batches, shutdown, reports
 
-    def _absorb(self, messages: Sequence[Message], now: float) -> bool:
+    def _absorb(self, groups: Sequence[Tuple[Sequence[int], Message]], now: float) -> bool:
         """Note every rank's cache bits and requests; True when some rank asked to shut down."""
         shutdown = False
         fast, agreed, arrivals, track = self._fast, self._agreed, self.arrivals, self.track_arrivals
         name_of = self.cache.name
-        for index, message in enumerate(messages):
+        for indices, message in groups:
             shutdown = shutdown or message.shutdown
-            rank = self.ranks[index]
             for bit in message.hits:
                 name = name_of(bit)
                 arrived = fast.get(name)
                 if arrived is not None:
-                    arrived.append(index)
+                    arrived.extend(indices)
                 elif name in agreed and name not in self._pending and not self._joined:
-                    fast[name] = [index]
+                    fast[name] = list(indices)
                     self._first_seen.setdefault(name, now)
                 else:
-                    self._add(index, self._known[name][index], now)
+                    known = self._known[name]
+                    for index in indices:
+                        self._add(index, known[index], now)
                     continue
                 if track:
-                    arrivals.append((name, agreed[name].op, rank))
+                    op = agreed[name].op
+                    arrivals.extend((name, op, self.ranks[index]) for index in indices)
             for request in message.requests:
-                if request.op == OpType.JOIN:
-                    self._joined[index] = None
-                    self._last_joined = self.ranks[index]
-                    continue
-                agreed.pop(request.name, None)
-                self._to_slow_track(request.name)
-                self._known.setdefault(request.name, {})[index] = request
-                self._add(index, request, now)
+                for index in indices:
+                    if request.op == OpType.JOIN:
+                        self._joined[index] = None
+                        self._last_joined = self.ranks[index]
+                        continue
+                    agreed.pop(request.name, None)
+                    self._to_slow_track(request.name)
+                    self._known.setdefault(request.name, {})[index] = request
+                    self._add(index, request, now)
         return shutdown
 
     def _forget_uncached(self) -> None:

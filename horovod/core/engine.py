@@ -6,9 +6,9 @@ a fixed order), asks its negotiation what to execute, executes it, and records i
 ends the loop: every pending and future handle fails with :class:`HorovodInternalError`.
 
 When a cycle starts, and how the ranks agree on its batches, is the negotiation's (:mod:`horovod.core.negotiation`:
-*peer* up to 4 ranks with a core each, where every rank decides alike; *star* otherwise, where rank 0 starts cycles
-only when one can make something ready). The engine keeps the lifecycle, submission, who runs the loop, and
-execution.
+*peer* up to 4 ranks with a core each, where every rank decides alike; *star* up to 16, where rank 0 starts cycles
+only when one can make something ready; *tree* above, where messages travel a binary tree to rank 0 and back). The
+engine keeps the lifecycle, submission, who runs the loop, and execution.
 
 "The loop" usually runs on the engine thread, but a thread that blocks on a handle while the engine thread sleeps runs
 the loop itself until its handle completes: a blocking collective then costs no thread hand-off (two scheduler
@@ -101,6 +101,7 @@ class Engine:
         self._loop_lock = threading.Lock()
         self._loop_ended = False
         self._drives = 0                        # how many times a waiting thread took the loop
+        self.cycles = 0                         # cycles run so far (tests and benchmarks read it)
         self._parked = False                    # the engine thread sleeps deaf to peers (see select)
         self._driver_sleeping = False           # the waiting thread running the loop sleeps in select
         self._spin = 0.0            # set at start, once the ranks' hosts are known
@@ -295,6 +296,7 @@ class Engine:
         try:
             while not done() and not self._loop_ended:
                 self.negotiation.await_cycle()
+                self.cycles += 1
                 self.waiters.cycle_started()
                 if self._cycle():
                     self._end_loop(None)

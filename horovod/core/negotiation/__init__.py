@@ -1,8 +1,9 @@
 """Negotiation: how the ranks agree, cycle by cycle, on which named requests every member of a set executes.
 
-Two protocols, one object each, behind :class:`~horovod.core.negotiation.base.Negotiation`: *peer* (every rank
-sends its requests to every other rank and every member decides alike; small allreduces carry their data along) and
-*star* (rank 0 coordinates). :func:`for_loop` picks one, identically on every rank, before any process set exists.
+Three protocols, one object each, behind :class:`~horovod.core.negotiation.base.Negotiation`: *peer* (every rank
+sends its requests to every other rank and every member decides alike; small allreduces carry their data along),
+*star* (rank 0 coordinates, every rank talks to it) and *tree* (rank 0 coordinates, messages travel up and down a
+binary tree: no rank handles more than a few frames per cycle, whatever the world size). :func:`for_loop` picks one, identically on every rank, before any process set exists.
 Invariants: the decisions themselves are :class:`horovod.core.controller.Coordinator`'s, a pure function of the
 messages; a protocol owns its state and reads the engine only through :class:`~horovod.core.negotiation.base.Loop`;
 nothing from the network is used before it is validated.
@@ -16,13 +17,18 @@ from horovod.common.exceptions import HorovodConfigError
 from horovod.core.negotiation.base import Batch, Loop, Negotiation
 from horovod.core.negotiation.peer import PeerNegotiation
 from horovod.core.negotiation.star import StarFollower, StarRoot
+from horovod.core.negotiation.tree import TreeNegotiation
 
-__all__ = ["PEER_NEGOTIATION_MAX_RANKS", "peer_negotiation", "oversubscribed", "for_loop", "Batch", "Loop",
-           "Negotiation", "PeerNegotiation", "StarRoot", "StarFollower"]
+__all__ = ["PEER_NEGOTIATION_MAX_RANKS", "STAR_NEGOTIATION_MAX_RANKS", "peer_negotiation", "tree_negotiation",
+           "oversubscribed", "for_loop", "Batch", "Loop", "Negotiation", "PeerNegotiation", "StarRoot",
+           "StarFollower", "TreeNegotiation"]
 
 # The largest job that negotiates peer to peer when HOROVOD_NEGOTIATION is auto. Every rank sends a frame to every
 # other rank per cycle, n(n-1) frames instead of the star's 2(n-1): for a few ranks one hop less matters more.
 PEER_NEGOTIATION_MAX_RANKS = 4
+# The largest job that negotiates through a star when HOROVOD_NEGOTIATION is auto; larger ones use the tree, where
+# rank 0 handles a few frames per cycle instead of 2-3 per rank and holds no connection to most ranks.
+STAR_NEGOTIATION_MAX_RANKS = 16
 
 
 def peer_negotiation(config, size: int, oversubscribed: bool = False) -> bool:
@@ -42,6 +48,12 @@ def peer_negotiation(config, size: int, oversubscribed: bool = False) -> bool:
                                  "rank 0 alone); use auto or star")
     return size > 1 and (mode == "peer" or (
         mode == "auto" and size <= PEER_NEGOTIATION_MAX_RANKS and not config.autotune and not oversubscribed))
+
+
+def tree_negotiation(config, size: int) -> bool:
+    """Whether a job of ``size`` ranks negotiates up and down a tree (HOROVOD_NEGOTIATION; the same on every rank;
+    only when it does not negotiate peer to peer)."""
+    return config.negotiation == "tree" or (config.negotiation == "auto" and size > STAR_NEGOTIATION_MAX_RANKS)
 
 
 def oversubscribed(transport) -> bool:
@@ -65,4 +77,6 @@ def for_loop(loop: Loop, config) -> Negotiation:
     """
     if peer_negotiation(config, loop.size, oversubscribed(loop.transport)):
         return PeerNegotiation(loop)
+    if tree_negotiation(config, loop.size):
+        return TreeNegotiation(loop)
     return StarRoot(loop) if loop.rank == 0 else StarFollower(loop)

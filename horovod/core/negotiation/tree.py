@@ -1,0 +1,324 @@
+"""Tree negotiation: the global set's messages travel up a binary tree to rank 0 and its reply comes back down.
+
+Under the star, rank 0 reads and writes a frame per rank every cycle, and holds a connection to every rank: at a
+few hundred ranks rank 0's Python is the step time, and its descriptors run out. Here rank ``r`` talks only to its
+parent ``(r - 1) // 2`` and its children ``2r + 1`` and ``2r + 2``, so no rank handles more than a handful of frames
+per cycle whatever the world size, and a rank holds three control connections.
+
+A cycle:
+
+1. *Up, early.* Once every rank of a subtree waits for a result (a caller blocks, with something submitted), the
+   subtree's message goes up unasked: each rank gathers its children's messages, adds its own and sends the lot to
+   its parent (``("up", groups)``), listing together the ranks that sent the very same message: in steady state
+   (every name cached, every rank the same bits) a subtree's message is one message and a list of ranks, whatever
+   the subtree's size. When the whole job waits, rank 0 has every message and decides at once: no frame starts the
+   cycle.
+2. *Start.* Otherwise ranks tell their parents, at most once per cycle each, that every rank of the subtree has
+   requests (:data:`WANT_EVERY`: a backward pass under way everywhere), that some rank needs a cycle at once
+   (:data:`WANT_NOW`: another process set's requests, shutdown), or that a rank's requests have waited a poll
+   interval while others had none (:data:`WANT_NEW`). Rank 0 starts a cycle at once for WANT_NOW, the batch
+   spacing after the whole job had requests (so that the cycle completes names, as the star's rank 0 ensures by
+   reading every request), a poll interval after any request, or now and then while tensors wait for other ranks
+   (stall checks): it sends :data:`GO` to the children whose message is not in, and they gather theirs.
+3. *Down.* Rank 0's coordinator decides over the groups (:meth:`Coordinator.step_groups`); the reply goes down the
+   tree, each rank passing it on to its children before it executes.
+
+A rank sends nothing after its message until the reply (it may already be executing when a frame arrives), and
+``want`` only before its message, so a control frame never lands inside a data phase on a connection the data plane
+shares. Other process sets negotiate
+as under the star, through their first rank. The default for which world size: :mod:`horovod.core.negotiation`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import Response
+from horovod.core.negotiation.base import (IDLE, NEW, POLL_SECONDS, Batch, Loop, decode_message, plain_batches,
+                                           report_stalls)
+from horovod.core.negotiation.star import StarNegotiation, _encode, _is_reply, _message
+from horovod.core.set_state import SetState
+
+log = logging.getLogger("horovod")
+
+__all__ = ["WANT_NEW", "WANT_EVERY", "WANT_NOW", "GO", "parent", "children", "TreeNegotiation"]
+
+WANT_NEW = 1            # some rank of the subtree has had requests to negotiate for a poll interval
+WANT_EVERY = 2          # every rank of the subtree has requests to negotiate (or waits for a result)
+WANT_NOW = 4            # some rank of the subtree needs a cycle at once (another set's requests, shutdown)
+GO = ("go",)
+Groups = List[Tuple[List[int], tuple]]
+
+
+def parent(rank: int) -> int:
+    """The rank a non-root rank reports to."""
+    return (rank - 1) // 2
+
+
+def children(rank: int, size: int) -> List[int]:
+    """The ranks that report to ``rank``."""
+    return [child for child in (2 * rank + 1, 2 * rank + 2) if child < size]
+
+
+def _is_want(frame) -> bool:
+    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and isinstance(frame[1], int)
+
+
+def _is_up(frame) -> bool:
+    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "up" and isinstance(frame[1], list)
+
+
+def merge(groups: Groups, more: Sequence) -> None:
+    """Add a child's groups to ``groups``, listing ranks that sent equal messages together.
+
+    Raises:
+        HorovodInternalError: the groups are malformed.
+    """
+    for item in more:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], list)
+                and all(isinstance(r, int) for r in item[0])):
+            raise HorovodInternalError(f"malformed negotiation group {item!r:.200}")
+        ranks, message = item
+        for existing in groups:
+            if existing[1] == message:
+                existing[0].extend(ranks)
+                break
+        else:
+            groups.append((list(ranks), message))
+
+
+class TreeNegotiation(StarNegotiation):
+    """Every rank's side of the tree (see the module's docstring); rank 0 is the root."""
+
+    name = "tree"
+
+    def __init__(self, loop: Loop):
+        super().__init__(loop)
+        self._children = children(loop.rank, loop.size)
+        self._parent = parent(loop.rank) if loop.rank > 0 else None
+        self._child_fds: Dict[int, int] = {}
+        self._parent_fd: Optional[int] = None
+        self._heard: Dict[int, int] = {}          # WANT_* bits each child sent since the last cycle
+        self._early: Dict[int, list] = {}         # children's subtree messages that came before the cycle
+        self._told = 0                            # WANT_* bits this rank sent its parent since the last cycle
+        self._reply: Optional[tuple] = None       # the reply that started the cycle for a rank that presented
+        self._new_since: Optional[float] = None   # when this rank (rank 0: the job) had requests, this cycle
+        self._every_since: Optional[float] = None  # (rank 0) when every rank had requests, this cycle
+        self._last_start = float("-inf")
+        self.frames = 0                 # control frames this rank read and wrote (for tests of the tree's cost)
+
+    def start(self) -> None:
+        """Listen to the parent and the children (their connections open now, once)."""
+        transport = self.loop.transport
+        self._child_fds = {transport.fileno(child): child for child in self._children}
+        if self._parent is not None:
+            self._parent_fd = transport.fileno(self._parent)
+
+    def wake_on_wait(self) -> bool:
+        """A waiting thread may complete the subtree's wait (then its message goes up), unless it went already."""
+        return not self.presented
+
+    # -- starting a cycle ----------------------------------------------------------------------------------------
+
+    def _wants(self, now: float) -> int:
+        """The WANT_* bits of this rank's subtree now."""
+        loop = self.loop
+        work = loop.work()
+        bits = 0
+        if loop.shutting_down() or any(state.queue for set_id, state in loop.sets.items() if set_id != 0):
+            bits |= WANT_NOW
+        if work == NEW:
+            if self._new_since is None:
+                self._new_since = now
+            if now - self._new_since >= POLL_SECONDS:
+                bits |= WANT_NEW
+        heard = self._heard
+        for child in self._children:
+            bits |= heard.get(child, 0) & (WANT_NEW | WANT_NOW)
+        if (work == NEW or loop.waiters.blocked > 0 and work != IDLE) and all(
+                child in self._early or heard.get(child, 0) & WANT_EVERY for child in self._children):
+            bits |= WANT_EVERY
+        return bits
+
+    def _all_wait(self) -> bool:
+        """Whether every rank of this subtree waits for a result, and only global-set requests are queued here (the
+        subtree's message can carry those)."""
+        loop = self.loop
+        if loop.shutting_down() or loop.waiters.blocked == 0 or loop.work() == IDLE:
+            return False
+        if any(state.queue for set_id, state in loop.sets.items() if set_id != 0):
+            return False
+        return all(child in self._early for child in self._children)
+
+    def await_cycle(self) -> None:
+        """Send the subtree's message when it waits, or say what it needs; return once the cycle starts.
+
+        Raises:
+            HorovodInternalError: a parent or child sent something other than what the protocol allows.
+        """
+        if self._parent is None:
+            while not self._root_due():
+                pass
+            self._last_start = time.monotonic()
+        else:
+            while not self._node_due():
+                pass
+        self.loop.wake.drain()
+        if not self.presented:
+            for child in self._children:
+                if child not in self._early:
+                    self._send(child, GO)
+        self._heard.clear()
+        self._told = 0
+        self._new_since = self._every_since = None
+
+    def _root_due(self) -> bool:
+        """Sleep once until something changes; True when the cycle starts now."""
+        loop = self.loop
+        if self._all_wait():
+            return True
+        now = time.monotonic()
+        bits = self._wants(now)
+        if bits & WANT_NOW:
+            return True
+        timeouts = []
+        if bits & WANT_EVERY:
+            if self._every_since is None:
+                self._every_since = now
+            timeouts.append(max(self._every_since, self._last_start) + loop.batch_spacing() - now)
+        if bits & WANT_NEW:
+            return True
+        if self._new_since is not None:
+            timeouts.append(self._new_since + POLL_SECONDS - now)
+        if loop.work() != IDLE or loop.sets[0].coordinator.waiting():
+            timeouts.append(self._last_start + max(loop.cycle_time, POLL_SECONDS) - now)
+        timeout = min(timeouts) if timeouts else None
+        if timeout is not None and timeout <= 0:
+            return True
+        self._listen(timeout)
+        return False
+
+    def _node_due(self) -> bool:
+        """Present the subtree's message or say what it needs, then sleep once; True when the cycle started."""
+        timeout = None
+        if not self.presented:
+            if self._all_wait():
+                groups: Groups = [([self.loop.rank], _message(self.loop.sets[0], self.loop.shutting_down()))]
+                for child in self._children:
+                    merge(groups, self._early[child])
+                self._send(self._parent, ("up", groups))
+                self.presented = True
+            else:
+                now = time.monotonic()
+                bits = self._wants(now)
+                if bits & ~self._told:
+                    self._send(self._parent, ("want", bits))
+                    self._told |= bits
+                if self._new_since is not None and not self._told & WANT_NEW:
+                    timeout = max(0.0, self._new_since + POLL_SECONDS - now)
+        return self._listen(timeout, parent=True)
+
+    def _listen(self, timeout: Optional[float], parent: bool = False) -> bool:
+        """Wait once for the wake-up socket, the children and (``parent``) the cycle's start; whether it started."""
+        loop = self.loop
+        fds = [loop.wake.reader] + [fd for fd, child in self._child_fds.items() if child not in self._early]
+        if parent:
+            fds.append(self._parent_fd)
+        readable = loop.select(fds, timeout)
+        if loop.wake.reader in readable:
+            loop.wake.drain()
+        for fd in readable:
+            child = self._child_fds.get(fd)
+            if child is not None and child not in self._early:
+                frame = self._recv(child)
+                if _is_up(frame):
+                    self._early[child] = frame[1]
+                elif _is_want(frame):
+                    self._heard[child] = self._heard.get(child, 0) | frame[1]
+                else:
+                    raise HorovodInternalError(f"rank {loop.rank} expected a cycle request from rank {child}, got "
+                                               f"{frame!r:.100}")
+        if parent and self._parent_fd in readable:
+            frame = self._recv(self._parent)
+            if frame == GO:
+                return True
+            if self.presented and _is_reply(frame):
+                self._reply = frame     # the answer to the message we presented: the cycle has started
+                return True
+            raise HorovodInternalError(f"rank {loop.rank} expected a cycle start from rank {self._parent}, got "
+                                       f"{frame!r:.100}")
+        return False
+
+    # -- one cycle -----------------------------------------------------------------------------------------------
+
+    def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+        """The global set up and down the tree; any other set as under the star."""
+        if state.id != 0:
+            return super().negotiate(state, shutdown)
+        if self.presented:
+            self.presented = False      # our subtree's message went up before the cycle
+            reply, self._reply = self._reply, None
+        else:
+            groups: Groups = [([self.loop.rank], _message(state, shutdown))]
+            for child in self._children:
+                early = self._early.get(child)
+                merge(groups, early if early is not None else self._child_groups(child))
+            if self._parent is None:
+                self._early.clear()
+                return self._decide(state, groups)
+            self._send(self._parent, ("up", groups))
+            reply = None
+        self._early.clear()
+        if reply is None:
+            reply = self._recv(self._parent)
+        if not _is_reply(reply):
+            raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
+        for child in self._children:
+            self._send(child, reply)
+        try:
+            batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
+                       for batch in reply[1]]
+        except (KeyError, ValueError, TypeError) as exc:
+            raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
+        return bool(reply[0]), plain_batches(batches)
+
+    def _child_groups(self, child: int) -> list:
+        """A child's subtree message, skipping cycle requests it sent before it saw the cycle start."""
+        while True:
+            frame = self._recv(child)
+            if _is_up(frame):
+                return frame[1]
+            if not _is_want(frame):
+                raise HorovodInternalError(f"rank {self.loop.rank} expected the negotiation message of rank {child}, "
+                                           f"got {frame!r:.100}")
+
+    def _decide(self, state: SetState, groups: Groups) -> Tuple[bool, List[Batch]]:
+        decoded = []
+        seen = 0
+        for ranks, message in groups:
+            decoded.append((ranks, decode_message(message)))
+            seen += len(ranks)
+        if seen != self.loop.size or len({r for ranks, _ in groups for r in ranks}) != self.loop.size:
+            raise HorovodInternalError(f"rank 0 gathered negotiation messages for {seen} ranks of {self.loop.size}")
+        batches, stop, reports = state.coordinator.step_groups(decoded, time.monotonic())
+        if batches and log.isEnabledFor(logging.DEBUG):
+            log.debug("negotiated (tree): %s", [n for b in batches for r in b for n in r.names])
+        report_stalls(reports)
+        if self.loop.timeline is not None:
+            self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
+        cached_bit = state.cache.cached_bit
+        reply = (stop, [[_encode(r, cached_bit(r)) for r in batch] for batch in batches])
+        for child in self._children:
+            self._send(child, reply)
+        return stop, plain_batches(batches)
+
+    def _send(self, peer: int, frame) -> None:
+        self.frames += 1
+        self.loop.transport.send_obj(peer, frame)
+
+    def _recv(self, peer: int):
+        self.frames += 1
+        return self.loop.transport.recv_obj(peer)
