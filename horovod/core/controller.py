@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response
 from horovod.core import fusion
+from horovod.core.deadlock import DeadlockWatch, describe
 from horovod.core.response_cache import ResponseCache
 
 __all__ = ["FATAL_ERROR", "StallReport", "Message", "Coordinator"]
@@ -73,6 +74,8 @@ class Coordinator:
         self._agreed: Dict[str, Response] = {}
         self._fast: Dict[str, List[int]] = {}
         self._last_stall_report = float("-inf")
+        # Deadlocks fail within the stall warning time (half of it, unchanged): stalls only warn, as in Horovod.
+        self._deadlock = DeadlockWatch(stall_warning / 2) if stall_check and stall_warning > 0 else None
         self.arrivals: List[Tuple[str, int, int]] = []   # (name, op, global rank) of the last step, for the timeline
         self.track_arrivals = True     # the engine turns it off when no timeline reads them
         # The last fusion plan and what it was made from: a training loop makes the same tensors ready in the same
@@ -116,6 +119,8 @@ class Coordinator:
             self._to_slow_track(report.name)
         if self.stall_check and self.stall_shutdown > 0:
             ready.extend(self._stalled_out(reports))
+        if self._deadlock is not None and (self._pending or self._fast) and self._deadlock.due(now):
+            ready.extend(self._deadlocked(now))
         batches = self._plan_batches(ready)
         if self._joined and len(self._joined) == self.size:
             batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
@@ -194,6 +199,24 @@ class Coordinator:
                     f"Tensor {report.name!r} stalled for {report.waited:.0f} s: ranks "
                     f"{list(report.missing_ranks)} never submitted it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)"),
                     payload=(FATAL_ERROR,)), got))
+        return failed
+
+    def _deadlocked(self, now: float) -> List[Tuple[Response, int]]:
+        """When every live rank has waited too long for names nobody else submitted, they all fail with each
+        rank's waiting names (:mod:`horovod.core.deadlock`)."""
+        waiting = {name: list(got) for name, got in self._pending.items()}
+        waiting.update(self._fast)
+        found = self._deadlock.check(now, waiting, [i for i in range(self.size) if i not in self._joined])
+        if found is None:
+            return []
+        error = describe(found[0], self.ranks, self._joined, found[1])
+        for name in list(self._fast):
+            self._to_slow_track(name)
+        failed: List[Tuple[Response, int]] = []
+        for name in list(self._pending):
+            got = self._pending.pop(name)
+            self._first_seen.pop(name, None)
+            failed.extend(self._release(Response(OpType.ERROR, (name,), error=error), got))
         return failed
 
     def _plan_batches(self, ready: List[Tuple[Response, int]]) -> List[List[Response]]:
