@@ -144,3 +144,35 @@ def test_different_collective_sequences_fail_on_every_rank(world):
         assert "rank 0 waits for allreduce.noname.1" in error, (rank, error)
         assert all(f"rank {r} waits for allgather.noname.0" in error for r in range(1, world)), (rank, error)
         assert waited < 30 and after == [float(world)], (rank, waited, after)
+
+
+def _local_error_then_barrier():
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    n, errors = hvd.size(), []
+    try:
+        # Rank 0's splits are wrong for its own tensor: it raises before submitting, while the others wait in
+        # alltoall, and moves on to a barrier.
+        hvd.alltoall(np.ones(n), splits=[2] * n if hvd.rank() == 0 else [1] * n, name="a2a")
+    except ValueError:
+        errors.append("ValueError")
+        try:
+            hvd.barrier()
+        except RuntimeError as exc:
+            errors.append(str(exc))
+    except RuntimeError as exc:
+        errors.append(str(exc))
+    hvd.shutdown()
+    return errors
+
+
+@pytest.mark.ranks
+def test_an_error_on_one_rank_only_does_not_leave_the_others_waiting():
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "4"}
+    results = spawn_ranks(_local_error_then_barrier, 3, timeout=90, env=env)
+    assert results[0][0] == "ValueError" and "Deadlock" in results[0][1], results[0]
+    assert "rank 0 waits for barrier.noname.0" in results[0][1], results[0]
+    for rank in (1, 2):
+        assert len(results[rank]) == 1 and "Deadlock" in results[rank][0], (rank, results[rank])
+        assert f"rank {rank} waits for alltoall.a2a" in results[rank][0], (rank, results[rank])
