@@ -6,10 +6,11 @@ cycle (so it applies the cycle time), which lets the tuner run on rank 0 alone w
 them as configured; :class:`BayesianSearch` models categorical settings like them, and the log records them.)
 
 :class:`BayesianSearch` makes the decisions, pure and without a clock: Horovod's four seed points first, then a
-Gaussian process (scikit-learn's ``GaussianProcessRegressor``: Matern 5/2 with one length scale per setting plus white
-noise sized by ``HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE``, targets normalised) fitted to every score so far, and next
-the candidate with the largest expected improvement over the best predicted score. Candidates are a fixed seeded set
-(a grid and random points), so the same scores make the same decisions. It settles when
+Gaussian process (:class:`horovod.core.gaussian_process.GaussianProcess`, numpy alone, as on a plain install: Matern
+5/2 with one length scale per setting under a weak prior, plus white noise of at most
+``HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE`` times the signal's variance, targets normalised) fitted to every score so
+far, and next the candidate with the largest expected improvement over the best predicted score. Candidates are a
+fixed seeded set (a grid and random points), so the same scores make the same decisions. It settles when
 ``HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` candidates were scored or, after at least six, when no untried candidate is
 expected to improve on the best predicted score by 1 %; it keeps the tried point with the highest predicted score
 (the model averages out noisy samples) rather than the luckiest sample.
@@ -17,10 +18,11 @@ expected to improve on the best predicted score by 1 %; it keeps the tried point
 :class:`Autotuner` feeds it: each candidate is scored by bytes allreduced per second over
 ``HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE`` cycles that carried allreduces, counted from the first cycle after it was
 chosen (the choosing is not its time), after ``HOROVOD_AUTOTUNE_WARMUP_SAMPLES`` discarded samples; the median of a
-candidate's samples counts. Settings given explicitly (``HOROVOD_FUSION_THRESHOLD``,
-``HOROVOD_CYCLE_TIME``) stay fixed, as in Horovod. The log (``HOROVOD_AUTOTUNE_LOG``) is Horovod's CSV, one row per
-candidate and the chosen one last, with a ``note`` column saying why each point was tried and why the search settled
-(the same sentences go to the ``horovod.autotune`` logger at INFO).
+candidate's samples counts. An error in the search ends the tuning, never the job (this runs on the engine's
+thread): the best point measured is kept, and the log's last row says why. Settings given explicitly
+(``HOROVOD_FUSION_THRESHOLD``, ``HOROVOD_CYCLE_TIME``) stay fixed, as in Horovod. The log (``HOROVOD_AUTOTUNE_LOG``)
+is Horovod's CSV, one row per candidate and the chosen one last, with a ``note`` column saying why each point was
+tried and why the search settled (the same sentences go to the ``horovod.autotune`` logger at INFO).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ import logging
 import math
 import statistics
 import time
-import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from horovod.core.gaussian_process import GaussianProcess, expected_improvement
 
 __all__ = ["MIB", "SEEDS", "SAMPLES_PER_CANDIDATE", "CSV_HEADER", "FUSION", "CYCLE", "Dimension", "Decision",
            "BayesianSearch", "Autotuner"]
@@ -123,25 +126,10 @@ class BayesianSearch:
 
     # -- the model ---------------------------------------------------------------------------------------------------
 
-    def _fit(self):
-        from sklearn.gaussian_process import GaussianProcessRegressor   # heavy: only when autotune runs
-        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+    def _fit(self) -> GaussianProcess:
         x = np.array([self._unit(p) for p, _ in self.tried])
         y = np.array([s for _, s in self.tried], dtype=np.float64)
-        kernel = (ConstantKernel(1.0, (1e-2, 1e2)) * Matern([0.3] * len(self.dims), (0.03, 10.0), nu=2.5)
-                  + WhiteKernel(max(1e-4, 0.1 * self.noise), (1e-6, 1.0)))
-        model = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=1, random_state=0)
-        with warnings.catch_warnings():     # length scales at their bounds are expected on flat or tiny data
-            warnings.simplefilter("ignore")
-            model.fit(x, y)
-        return model
-
-    @staticmethod
-    def _expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
-        from scipy.stats import norm
-        std = np.maximum(std, 1e-12)
-        z = (mean - best) / std
-        return (mean - best) * norm.cdf(z) + std * norm.pdf(z)
+        return GaussianProcess(noise_bounds=(1e-6, max(1e-4, self.noise))).fit(x, y)
 
     # -- decisions ---------------------------------------------------------------------------------------------------
 
@@ -162,7 +150,7 @@ class BayesianSearch:
         if n >= self.max_samples:
             return self._settle(f"the budget of {self.max_samples} samples is spent", model, seen)
         mean, std = model.predict(self._candidates, return_std=True)
-        improvement = self._expected_improvement(mean, std, best_mean)
+        improvement = expected_improvement(mean, std, best_mean)
         fresh = np.abs(self._candidates[:, None, :] - seen[None, :, :]).max(axis=2).min(axis=1) > 1e-9
         improvement = np.where(fresh, improvement, -1.0)
         k = int(np.argmax(improvement))
@@ -203,8 +191,9 @@ class Autotuner:
         self.fixed_fusion = config.fusion_threshold if config.is_explicit("HOROVOD_FUSION_THRESHOLD") else None
         self.fixed_cycle = config.cycle_time if config.is_explicit("HOROVOD_CYCLE_TIME") else None
         dims = [d for d, fixed in ((FUSION, self.fixed_fusion), (CYCLE, self.fixed_cycle)) if fixed is None]
-        self.search = BayesianSearch(dims, [{"fusion_mb": f, "cycle_ms": c} for f, c in SEEDS],
-                                     config.autotune_bayes_opt_max_samples, noise=config.autotune_gaussian_process_noise)
+        seeds = [{"fusion_mb": f, "cycle_ms": c} for f, c in SEEDS]
+        self.search = BayesianSearch(dims, seeds, config.autotune_bayes_opt_max_samples,
+                                     noise=config.autotune_gaussian_process_noise)
         self._scores: List[float] = []
         self._cycles = 0
         self._bytes = 0
@@ -216,19 +205,22 @@ class Autotuner:
     def _decide(self) -> None:
         decision = self.search.next()
         self._point = decision.point
-        fusion_mb = decision.point.get("fusion_mb", SEEDS[0][0])
-        cycle_ms = decision.point.get("cycle_ms", SEEDS[0][1])
-        fusion = self.fixed_fusion if self.fixed_fusion is not None else int(round(fusion_mb * MIB))
-        cycle = self.fixed_cycle if self.fixed_cycle is not None else round(cycle_ms, 3)
-        self.current = (fusion / MIB, cycle)
-        self.apply(fusion, cycle)
+        self._apply(decision.point)
         self._reason = decision.reason
         _log.info("autotune: %s %.3g MiB, %.3g ms: %s", "keeps" if decision.settled else "tries",
-                  self.current[0], cycle, decision.reason)
+                  self.current[0], self.current[1], decision.reason)
         if decision.settled:
             best = max((s for p, s in self.search.tried if p == decision.point), default=0.0)
             self._log(self.current, best, decision.reason)
             self.done = True
+
+    def _apply(self, point: Dict[str, object]) -> None:
+        fusion_mb = point.get("fusion_mb", SEEDS[0][0])
+        cycle_ms = point.get("cycle_ms", SEEDS[0][1])
+        fusion = self.fixed_fusion if self.fixed_fusion is not None else int(round(fusion_mb * MIB))
+        cycle = self.fixed_cycle if self.fixed_cycle is not None else round(cycle_ms, 3)
+        self.current = (fusion / MIB, cycle)
+        self.apply(fusion, cycle)
 
     def record(self, nbytes: int) -> None:
         """Account one cycle that allreduced ``nbytes`` (cycles without allreduces are ignored)."""
@@ -251,14 +243,29 @@ class Autotuner:
         if len(self._scores) >= SAMPLES_PER_CANDIDATE:
             score = statistics.median(self._scores)
             self._scores = []
-            self.search.observe(self._point, score)
-            self._log(self.current, score, self._reason)
-            self._decide()
+            try:
+                self.search.observe(self._point, score)
+                self._log(self.current, score, self._reason)
+                self._decide()
+            except Exception as error:      # this runs on the engine's thread: tuning may end, the job must not
+                self._stop(error)
             # The next point's first sample starts at the next cycle: the decision's own time (a Gaussian-process
-            # fit on this thread, 30-60 ms; 1.4 s for the first, which imports scikit-learn) is not the point's.
-            # Charged to it, that cost the first sample of every point after the seeds 15-25 %, and through the
-            # median of three, the points themselves (the seeds, decided at no cost, were always kept).
+            # fit on this thread, a few milliseconds) is not the point's. Charged to it, that cost the first sample
+            # of every point after the seeds 15-25 % when the fit took 30-60 ms, and through the median of three,
+            # the points themselves (the seeds, decided at no cost, were always kept).
             self._start = None
+
+    def _stop(self, error: Exception) -> None:
+        """End the search after ``error``, keeping the best point measured so far."""
+        _log.warning("autotune: the search failed, so tuning stops here", exc_info=True)
+        self.done = True
+        if self.search.tried:
+            self._point, score = max(self.search.tried, key=lambda t: t[1])
+        else:
+            score = 0.0
+        self._apply(self._point)
+        self._log(self.current, score, f"stopped: the search failed ({type(error).__name__}: {error}); keeping "
+                                       f"the best point measured")
 
     def _log(self, point: Tuple[float, float], score: float, note: str) -> None:
         fusion_mb, cycle_ms = point
@@ -266,5 +273,9 @@ class Autotuner:
         self._log_rows.append(f"{int(self.hierarchical)},0,0,{int(self.cache_enabled)},{cycle_ms:g},"
                               f"{int(round(fusion_mb * MIB))},{score:.1f},\"{note}\"")
         if self.log_path:
-            with open(self.log_path, "w") as handle:
-                handle.write("\n".join([CSV_HEADER] + self._log_rows) + "\n")
+            try:
+                with open(self.log_path, "w") as handle:
+                    handle.write("\n".join([CSV_HEADER] + self._log_rows) + "\n")
+            except OSError as error:        # the log is for people: tuning goes on without it
+                _log.warning("autotune: cannot write the log %s (%s); tuning goes on without it", self.log_path, error)
+                self.log_path = None

@@ -4,6 +4,7 @@ job that tunes while staying correct."""
 import csv
 import math
 import random
+import sys
 
 import pytest
 
@@ -47,6 +48,17 @@ def test_bayesian_search_beats_the_grid_on_a_fake_objective():
     assert _throughput(kept["fusion_mb"], kept["cycle_ms"]) >= 0.95 * best_grid, (kept, search.tried)
     again = _drive(BayesianSearch([FUSION, CYCLE], [{"fusion_mb": f, "cycle_ms": c} for f, c in SEEDS], 20))
     assert [d.point for d in again] == [d.point for d in decisions]    # same scores, same decisions
+
+
+@pytest.mark.unit
+def test_bayesian_search_needs_nothing_beyond_numpy(monkeypatch):
+    for name in [n for n in sys.modules if n.split(".")[0] in ("sklearn", "scipy")] + ["sklearn", "scipy"]:
+        monkeypatch.setitem(sys.modules, name, None)      # as on a plain install: numpy and cloudpickle only
+    search = BayesianSearch([FUSION, CYCLE], [{"fusion_mb": f, "cycle_ms": c} for f, c in SEEDS], max_samples=20)
+    decisions = _drive(search)
+    assert len(decisions) > 5 and all("expected improvement" in d.reason for d in decisions[4:-1])
+    kept = decisions[-1].point
+    assert _throughput(kept["fusion_mb"], kept["cycle_ms"]) >= 0.95 * max(_throughput(f, c) for f, c in GRID)
 
 
 @pytest.mark.unit
@@ -117,7 +129,37 @@ def test_explicit_settings_stay_fixed():
     assert applied == [(2 * MIB, SEEDS[0][1])]
 
 
-def _tuned_job():
+@pytest.mark.unit
+def test_a_failing_decision_keeps_the_best_point_and_never_reaches_the_engine(tmp_path):
+    """The tuner runs on the engine's thread: an error in its search must end the tuning, not the job."""
+    log = tmp_path / "autotune.csv"
+    config = load_config({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
+                          "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0"})
+    now = [0.0]
+    applied = []
+    tuner = Autotuner(config, lambda fusion, cycle: applied.append((fusion, cycle)), clock=lambda: now[0])
+    decide = tuner.search.next
+
+    def failing_next():
+        if len(tuner.search.tried) >= 3:
+            raise RuntimeError("the model broke")
+        return decide()
+
+    tuner.search.next = failing_next
+    for _ in range(100):
+        now[0] += 1.0 / _throughput(*tuner.current)
+        tuner.record(1 << 20)
+    best = max(SEEDS[:3], key=lambda s: _throughput(*s))
+    assert tuner.done and applied[-1] == (best[0] * MIB, best[1]) and len(applied) == 4
+    note = log.read_text().splitlines()[-1]
+    assert "stopped" in note and "the model broke" in note, note
+
+
+def _tuned_job(block_scikit_learn=False):
+    import sys
+    if block_scikit_learn:
+        for name in [n for n in sys.modules if n.split(".")[0] in ("sklearn", "scipy")] + ["sklearn", "scipy"]:
+            sys.modules[name] = None
     import numpy as np
     import horovod.numpy as hvd
     from horovod.runtime import basics
@@ -141,3 +183,15 @@ def test_two_ranks_tune_while_results_stay_exact(tmp_path):
     assert spawn_ranks(_tuned_job, 2, timeout=90, env=env) == [True, None]   # the tuner runs on rank 0 only
     rows = log.read_text().splitlines()
     assert rows[0] == CSV_HEADER and len(rows) >= 3
+
+
+@pytest.mark.ranks
+def test_two_ranks_tune_with_the_model_without_scikit_learn(tmp_path):
+    """A plain install has numpy and cloudpickle only: past the four seeds the model chooses, and the job goes on."""
+    log = tmp_path / "autotune.csv"
+    env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log), "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2",
+           "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"}
+    assert spawn_ranks(_tuned_job, 2, timeout=90, env=env, kwargs={"block_scikit_learn": True}) == [True, None]
+    notes = [row[7] for row in csv.reader(log.read_text().splitlines()[1:])]
+    assert notes[:4] == [f"seed {i} of 4" for i in range(1, 5)], notes
+    assert any("expected improvement" in n for n in notes) and notes[-1].startswith("settled"), notes
