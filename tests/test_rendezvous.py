@@ -5,6 +5,8 @@ import http.client
 import secrets
 import threading
 
+import time
+
 import pytest
 
 from horovod.common.exceptions import RendezvousError
@@ -140,3 +142,63 @@ def test_secret_hex_round_trip():
     with pytest.raises(RendezvousError, match="hex"):
         secret_from_hex("not hex")
     assert hashlib.sha256(secret).digest() != hashlib.sha256(make_secret()).digest()
+
+
+def _signed_request(secret, method, path, body=b""):
+    from horovod.common.rendezvous_client import signed_headers
+    headers = signed_headers(secret, method, path, body)
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    return (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
+
+
+def test_a_thousand_workers_registering_at_once_cost_sockets_not_threads(server):
+    """1,024 clients connect at once, each registers and waits for everyone's records in one request: every one is
+    answered with all 1,024 records, from the server's one thread, with bounded memory."""
+    import resource
+    import selectors
+    import socket
+    import threading
+    clients = 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2 * clients + 256:
+        pytest.skip(f"needs {2 * clients + 256} open files (hard limit {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2 * clients + 256), hard))
+    threads_before = threading.active_count()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    selector = selectors.DefaultSelector()
+    try:
+        # Every client registers, then every client asks for all records: 1,024 waits parked at once.
+        for phase in ("register", "gather"):
+            pending = {}
+            for worker in range(clients):
+                sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+                sock.setblocking(False)
+                if phase == "register":
+                    request = _signed_request(server.secret, "PUT", f"/kv/load/{worker}", f"rank {worker}".encode())
+                else:
+                    request = _signed_request(server.secret, "GET", f"/all/load?count={clients}&wait=10")
+                sock.sendall(request)
+                pending[sock] = bytearray()
+                selector.register(sock, selectors.EVENT_READ)
+            answers = []
+            deadline = time.monotonic() + 60
+            while pending:
+                assert time.monotonic() < deadline, f"{len(pending)} clients unanswered in the {phase} phase"
+                assert threading.active_count() <= threads_before + 1
+                for key, _ in selector.select(1.0):
+                    chunk = key.fileobj.recv(1 << 20)
+                    if chunk:
+                        pending[key.fileobj] += chunk
+                        continue
+                    selector.unregister(key.fileobj)
+                    answers.append(bytes(pending.pop(key.fileobj)))
+                    key.fileobj.close()
+            assert len(answers) == clients
+            assert all(a.startswith(b"HTTP/1.1 200") for a in answers), [a[:40] for a in answers[:3]]
+        from horovod.common.rendezvous_client import unpack_items
+        items = unpack_items(answers[0].split(b"\r\n\r\n", 1)[1])
+        assert items == {str(w): f"rank {w}".encode() for w in range(clients)}
+    finally:
+        selector.close()
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    assert grown_mib < 200, f"the server grew by {grown_mib:.0f} MiB"

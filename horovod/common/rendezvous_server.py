@@ -20,101 +20,40 @@ are remembered by the store, so a captured request cannot be replayed on any add
 longer than a request is accepted: one whose clock is more than :data:`MAX_CLOCK_SKEW` seconds from the server's is
 refused (403 with the server's clock, which the client adopts as an offset), so no replay outlives its nonce.
 
-Strangers are bounded: a request (line, headers, body) must arrive within :data:`REQUEST_SECONDS` in all, at most
-:data:`MAX_UNAUTHENTICATED` connections may be waiting to authenticate at once (more are closed at once), and a
-client that hangs up early costs nothing but its thread.
+One thread serves every connection from a selector (no thread per client: a job of a thousand workers registering
+at once, or a crowd of strangers, costs sockets, not threads). A request whose key is not there yet is parked,
+without a thread, until a change to the store answers it or its wait runs out. Strangers are bounded: a request
+(line, headers, body) must arrive within :data:`REQUEST_SECONDS` in all, and at most :data:`MAX_UNAUTHENTICATED`
+connections that connected over a second ago may be waiting to authenticate at once: past that the *oldest* is
+closed, not the newcomer, so a crowd holding connections delays a real client by nothing, and a thousand workers
+connecting in the same second are all heard.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
-import http.server
+import http.client
 import math
+import selectors
 import socket
-import socketserver
 import threading
 import time
 import urllib.parse
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
+from horovod.common.kvstore import KVStore
 from horovod.common.rendezvous_client import MAX_CLOCK_SKEW, MAX_VALUE_BYTES, MAX_WAIT_SECONDS, pack_items, sign_digest
 from horovod.common.rendezvous_client import NAME_PATTERN as _NAME
 
+__all__ = ["KVStore", "RendezvousServer", "REQUEST_SECONDS", "MAX_UNAUTHENTICATED"]
+
 REQUEST_SECONDS = 10.0          # a request's line, headers and body arrive within this, however slowly
-MAX_UNAUTHENTICATED = 128       # connections waiting to authenticate at once; more are closed at once
-_NONCE_SECONDS = 2 * MAX_CLOCK_SKEW + 60     # a nonce is kept longer than any request carrying it is accepted
-
-
-class KVStore:
-    """Scoped key/value store with a bounded wait for a key; thread-safe."""
-
-    def __init__(self):
-        self._data: Dict[str, Dict[str, bytes]] = {}
-        self._changed = threading.Condition()
-        self._nonces: Dict[str, float] = {}
-        self._nonce_lock = threading.Lock()
-        self._pruned = time.monotonic()
-
-    def fresh_nonce(self, nonce: str) -> bool:
-        """Whether ``nonce`` is new to this store (on any address serving it); it is remembered from now on.
-
-        Nonces go only after :data:`_NONCE_SECONDS`, past which the request's clock is refused anyway.
-        """
-        now = time.monotonic()
-        with self._nonce_lock:
-            if nonce in self._nonces:
-                return False
-            if now - self._pruned > 60:
-                self._nonces = {n: t for n, t in self._nonces.items() if now - t < _NONCE_SECONDS}
-                self._pruned = now
-            self._nonces[nonce] = now
-            return True
-
-    def put(self, scope: str, key: str, value: bytes) -> None:
-        """Store ``value`` under ``scope/key`` and wake every waiting reader."""
-        with self._changed:
-            self._data.setdefault(scope, {})[key] = value
-            self._changed.notify_all()
-
-    def get(self, scope: str, key: str, wait: float = 0.0) -> Optional[bytes]:
-        """The value of ``scope/key``, waiting up to ``wait`` seconds for it; None if it did not come."""
-        deadline = time.monotonic() + wait
-        with self._changed:
-            while True:
-                value = self._data.get(scope, {}).get(key)
-                remaining = deadline - time.monotonic()
-                if value is not None or remaining <= 0:
-                    return value
-                self._changed.wait(remaining)
-
-    def get_all(self, scope: str, count: int, wait: float = 0.0) -> Optional[Dict[str, bytes]]:
-        """Every key and value of ``scope`` once it holds at least ``count`` keys, waiting up to ``wait`` seconds;
-        None if it did not fill in time."""
-        deadline = time.monotonic() + wait
-        with self._changed:
-            while True:
-                items = self._data.get(scope, {})
-                remaining = deadline - time.monotonic()
-                if len(items) >= count:
-                    return dict(items)
-                if remaining <= 0:
-                    return None
-                self._changed.wait(remaining)
-
-    def delete(self, scope: str, key: Optional[str] = None) -> None:
-        """Delete ``scope/key``, or the whole scope when ``key`` is None."""
-        with self._changed:
-            if key is None:
-                self._data.pop(scope, None)
-            else:
-                self._data.get(scope, {}).pop(key, None)
-            self._changed.notify_all()
-
-    def keys(self, scope: str) -> List[str]:
-        """The keys of ``scope``, sorted."""
-        with self._changed:
-            return sorted(self._data.get(scope, {}))
+MAX_UNAUTHENTICATED = 128       # connections waiting to authenticate at once; past it the oldest is closed
+_MAX_HEAD_BYTES = 64 * 1024
+_GRACE_SECONDS = 1.0            # a connection this young is not yet a stranger holding a slot
+_HARD_CAP = 8192                # connections authenticating at once, however young
 
 
 def _number(query: Dict[str, List[str]], name: str) -> float:
@@ -124,45 +63,152 @@ def _number(query: Dict[str, List[str]], name: str) -> float:
         return math.nan
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: "_Server"
+class _Conn:
+    """One client connection: its bytes so far, its deadline, and (once parsed) its request."""
 
-    def log_message(self, *args) -> None:  # silence the default stderr access log
-        pass
+    __slots__ = ("sock", "inbox", "outbox", "deadline", "head", "length", "waiting")
 
-    def handle_one_request(self) -> None:
-        # Each request, on a kept-alive connection too, must arrive within REQUEST_SECONDS until it authenticates.
-        self.server.arm(self.connection)
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock, self.deadline = sock, deadline
+        self.inbox, self.outbox = bytearray(), bytearray()
+        self.head: Optional[Tuple[str, str, Dict[str, str]]] = None    # method, path, headers (lower-case)
+        self.length = 0
+        self.waiting: Optional[Tuple[float, Callable[[], Optional[Tuple[int, bytes]]]]] = None
+
+
+class _Loop:
+    """The server's thread: accept, read, authenticate, answer or park, write, close (one request a connection)."""
+
+    def __init__(self, listener: socket.socket, secret: bytes, store: KVStore):
+        self.listener, self.secret, self.store = listener, secret, store
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        for sock in (listener, self.wake_r, self.wake_w):
+            sock.setblocking(False)
+        self.selector.register(listener, selectors.EVENT_READ, None)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, None)
+        self.unauthenticated: "collections.OrderedDict[_Conn, None]" = collections.OrderedDict()
+        self.parked: Dict[_Conn, None] = {}
+        self.stopped = False
+        store.on_change(self.wake)
+
+    def wake(self) -> None:
         try:
-            super().handle_one_request()
-        except (OSError, ValueError):
-            self.close_connection = True     # the client hung up or was cut off by the deadline
-        finally:
-            self.server.disarm(self.connection)
+            self.wake_w.send(b"x")
+        except OSError:
+            pass
 
-    def _reply(self, code: int, body: bytes = b"", headers: Optional[Dict[str, str]] = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        if body:
-            self.wfile.write(body)
+    def run(self) -> None:
+        while not self.stopped:
+            deadlines = [c.deadline for c in self.unauthenticated] + [c.waiting[0] for c in self.parked]
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            for key, events in self.selector.select(timeout):
+                if key.fileobj is self.listener:
+                    self._accept()
+                elif key.fileobj is self.wake_r:
+                    try:
+                        while self.wake_r.recv(4096):
+                            pass
+                    except OSError:
+                        pass
+                elif events & selectors.EVENT_WRITE:
+                    self._write(key.data)
+                else:
+                    self._read(key.data)
+            self._answer_parked()
+            now = time.monotonic()
+            for conn in [c for c in self.unauthenticated if c.deadline <= now]:
+                self._close(conn)       # silent or trickling: cut off at the request deadline
+        for key in list(self.selector.get_map().values()):
+            if isinstance(key.data, _Conn):
+                self._close(key.data)
+        self.selector.close()
+        self.wake_r.close()
+        self.wake_w.close()
 
-    def _refuse(self, code: int, text: bytes, headers: Optional[Dict[str, str]] = None) -> None:
-        self.close_connection = True     # the body (if any) was not read: the connection is of no further use
-        self._reply(code, text, headers)
+    def _accept(self) -> None:
+        for _ in range(256):
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            sock.setblocking(False)
+            now = time.monotonic()
+            if len(self.unauthenticated) >= MAX_UNAUTHENTICATED:
+                oldest = next(iter(self.unauthenticated))
+                # The oldest stranger goes, not the newcomer; one that connected within the last second may be a
+                # worker of a crowd registering at once, whose request is on its way: then the cap waits.
+                if oldest.deadline - REQUEST_SECONDS <= now - _GRACE_SECONDS \
+                        or len(self.unauthenticated) >= _HARD_CAP:
+                    self._close(oldest)
+            conn = _Conn(sock, now + REQUEST_SECONDS)
+            self.unauthenticated[conn] = None
+            self.selector.register(sock, selectors.EVENT_READ, conn)
+            self._read(conn)        # a worker's whole request is usually here already
 
-    def _authentic(self, length: int) -> bool:
-        """Check the signature from the headers alone (the body is read only after); replies when refused."""
-        nonce = self.headers.get("X-Horovod-Nonce") or ""
-        signature = self.headers.get("X-Horovod-Auth") or ""
-        digest = self.headers.get("X-Horovod-Body-Digest") or ""
-        stamp = self.headers.get("X-Horovod-Time") or ""
-        expected = sign_digest(self.server.secret, self.command, self.path, nonce, digest, stamp)
+    def _close(self, conn: _Conn) -> None:
+        self.unauthenticated.pop(conn, None)
+        self.parked.pop(conn, None)
+        try:
+            self.selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return self._close(conn)    # hung up (a parked client gave up, or a stranger left)
+        if conn.waiting is not None:
+            return                      # one request a connection: anything after it is ignored
+        conn.inbox += chunk
+        if conn.head is None:
+            end = conn.inbox.find(b"\r\n\r\n")
+            if end < 0:
+                if len(conn.inbox) > _MAX_HEAD_BYTES:
+                    self._reply(conn, 400, b"request head too large")
+                return
+            if not self._parse_head(conn, bytes(conn.inbox[:end]).decode("latin-1")):
+                return
+            del conn.inbox[:end + 4]
+        if len(conn.inbox) >= conn.length:
+            self._dispatch(conn, bytes(conn.inbox[:conn.length]))
+
+    def _parse_head(self, conn: _Conn, text: str) -> bool:
+        """Parse and authenticate the request line and headers; replies and returns False when refused."""
+        lines = text.split("\r\n")
+        words = lines[0].split(" ")
+        if len(words) != 3 or not words[2].startswith("HTTP/"):
+            self._reply(conn, 400, b"malformed request line")
+            return False
+        headers: Dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        method, path = words[0], words[1]
+        if method not in ("GET", "PUT", "DELETE"):
+            self._reply(conn, 501, b"unsupported method")
+            return False
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            self._reply(conn, 400, b"bad Content-Length")
+            return False
+        if length < 0 or length > MAX_VALUE_BYTES:
+            self._reply(conn, 400, b"body too large")
+            return False
+        nonce, signature = headers.get("x-horovod-nonce", ""), headers.get("x-horovod-auth", "")
+        digest, stamp = headers.get("x-horovod-body-digest", ""), headers.get("x-horovod-time", "")
+        expected = sign_digest(self.secret, method, path, nonce, digest, stamp)
         if not nonce or len(digest) != 64 or not hmac.compare_digest(signature, expected):
-            self._refuse(403, b"forbidden")
+            self._reply(conn, 403, b"forbidden")
             return False
         try:
             skew = float(stamp) - time.time()
@@ -170,140 +216,97 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             skew = math.inf
         if not abs(skew) <= MAX_CLOCK_SKEW:
             # Signed, but too old or too new for its nonce to be remembered: tell the client our clock.
-            self._refuse(403, b"request clock out of range", {"X-Horovod-Time": f"{time.time():.3f}"})
+            self._reply(conn, 403, b"request clock out of range", {"X-Horovod-Time": f"{time.time():.3f}"})
             return False
-        if not self.server.store.fresh_nonce(nonce):
-            self._refuse(403, b"replayed request")
+        if not self.store.fresh_nonce(nonce):
+            self._reply(conn, 403, b"replayed request")
             return False
+        conn.head, conn.length = (method, path, headers), length
         return True
 
-    def _parse(self) -> Optional[Tuple[List[str], Dict[str, List[str]], bytes]]:
-        """Authenticate and split the request; replies and returns None when it is refused."""
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self._refuse(400, b"bad Content-Length")
-            return None
-        if length < 0 or length > MAX_VALUE_BYTES:
-            self._refuse(400, b"body too large")
-            return None
-        if not self._authentic(length):
-            return None
-        body = self.rfile.read(length) if length else b""
-        if len(body) != length or not hmac.compare_digest(hashlib.sha256(body).hexdigest(),
-                                                          self.headers.get("X-Horovod-Body-Digest", "")):
-            self._refuse(403, b"body does not match its signed digest")
-            return None
-        self.server.disarm(self.connection)      # authenticated: a GET may now wait for its key
-        url = urllib.parse.urlsplit(self.path)
+    def _dispatch(self, conn: _Conn, body: bytes) -> None:
+        method, path, headers = conn.head
+        if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), headers.get("x-horovod-body-digest", "")):
+            return self._reply(conn, 403, b"body does not match its signed digest")
+        self.unauthenticated.pop(conn, None)     # authenticated: a GET may now wait for its key
+        url = urllib.parse.urlsplit(path)
         parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
         if not parts or not all(_NAME.match(p) for p in parts):
-            self._reply(400, b"malformed path")
-            return None
-        return parts, urllib.parse.parse_qs(url.query), body
-
-    def do_PUT(self) -> None:
-        parsed = self._parse()
-        if parsed is None:
-            return
-        parts, _, body = parsed
-        if len(parts) != 3 or parts[0] != "kv":
-            return self._reply(400, b"expected /kv/<scope>/<key>")
-        self.server.store.put(parts[1], parts[2], body)
-        self._reply(200)
-
-    def do_GET(self) -> None:
-        parsed = self._parse()
-        if parsed is None:
-            return
-        parts, query, _ = parsed
+            return self._reply(conn, 400, b"malformed path")
+        query = urllib.parse.parse_qs(url.query)
+        store = self.store
+        if method == "PUT":
+            if len(parts) != 3 or parts[0] != "kv":
+                return self._reply(conn, 400, b"expected /kv/<scope>/<key>")
+            store.put(parts[1], parts[2], body)
+            return self._reply(conn, 200)
+        if method == "DELETE":
+            if parts[0] != "kv" or len(parts) not in (2, 3):
+                return self._reply(conn, 400, b"expected /kv/<scope>[/<key>]")
+            store.delete(parts[1], parts[2] if len(parts) == 3 else None)
+            return self._reply(conn, 200)
         if len(parts) == 2 and parts[0] == "keys":
-            return self._reply(200, "\n".join(self.server.store.keys(parts[1])).encode())
-        if len(parts) == 2 and parts[0] == "all":
-            wait, count = _number(query, "wait"), _number(query, "count")
-            if not (math.isfinite(wait) and math.isfinite(count)):
-                return self._reply(400, b"bad wait or count")
-            items = self.server.store.get_all(parts[1], int(count), min(max(wait, 0.0), MAX_WAIT_SECONDS))
-            return self._reply(404) if items is None else self._reply(200, pack_items(items))
-        if len(parts) != 3 or parts[0] != "kv":
-            return self._reply(400, b"expected /kv/<scope>/<key>")
+            return self._reply(conn, 200, "\n".join(store.keys(parts[1])).encode())
         wait = _number(query, "wait")
-        if not math.isfinite(wait):
-            return self._reply(400, b"bad wait")
-        value = self.server.store.get(parts[1], parts[2], min(max(wait, 0.0), MAX_WAIT_SECONDS))
-        if value is None:
-            return self._reply(404)
-        self._reply(200, value)
+        if len(parts) == 2 and parts[0] == "all":
+            count = _number(query, "count")
+            if not (math.isfinite(wait) and math.isfinite(count)):
+                return self._reply(conn, 400, b"bad wait or count")
+            scope, need = parts[1], int(count)
 
-    def do_DELETE(self) -> None:
-        parsed = self._parse()
-        if parsed is None:
+            def answer() -> Optional[Tuple[int, bytes]]:
+                items = store.peek_all(scope, need)
+                return None if items is None else (200, pack_items(items))
+        elif len(parts) == 3 and parts[0] == "kv":
+            if not math.isfinite(wait):
+                return self._reply(conn, 400, b"bad wait")
+            scope, key = parts[1], parts[2]
+
+            def answer() -> Optional[Tuple[int, bytes]]:
+                value = store.get(scope, key)
+                return None if value is None else (200, value)
+        else:
+            return self._reply(conn, 400, b"expected /kv/<scope>/<key>")
+        now = answer()
+        if now is not None:
+            return self._reply(conn, *now)
+        conn.waiting = (time.monotonic() + min(max(wait, 0.0), MAX_WAIT_SECONDS), answer)
+        self.parked[conn] = None
+
+    def _answer_parked(self) -> None:
+        now = time.monotonic()
+        for conn in list(self.parked):
+            deadline, answer = conn.waiting
+            reply = answer()
+            if reply is not None or deadline <= now:
+                del self.parked[conn]
+                self._reply(conn, *(reply or (404, b"")))
+
+    def _reply(self, conn: _Conn, code: int, body: bytes = b"", headers: Optional[Dict[str, str]] = None) -> None:
+        """Answer and close after the last byte (one request a connection; a refused body is never read)."""
+        self.unauthenticated.pop(conn, None)
+        conn.waiting = conn.waiting or (math.inf, lambda: None)     # reads from now on are ignored
+        reason = http.client.responses.get(code, "")
+        head = [f"HTTP/1.1 {code} {reason}", f"Content-Length: {len(body)}", "Connection: close"]
+        head += [f"{name}: {value}" for name, value in (headers or {}).items()]
+        conn.outbox += ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        self.selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+        self._write(conn)
+
+    def _write(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except (BlockingIOError, InterruptedError):
             return
-        parts, _, _ = parsed
-        if parts[0] != "kv" or len(parts) not in (2, 3):
-            return self._reply(400, b"expected /kv/<scope>[/<key>]")
-        self.server.store.delete(parts[1], parts[2] if len(parts) == 3 else None)
-        self._reply(200)
-
-
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
-
-    def __init__(self, address, secret: bytes, store: KVStore):
-        super().__init__(address, _Handler)
-        self.secret = secret
-        self.store = store
-        self._armed: Dict[socket.socket, float] = {}     # connections yet to authenticate -> their deadline
-        self._armed_lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._reaper = threading.Thread(target=self._reap, name="horovod-rendezvous-reaper", daemon=True)
-        self._reaper.start()
-
-    def process_request(self, request, client_address) -> None:
-        with self._armed_lock:
-            crowded = len(self._armed) >= MAX_UNAUTHENTICATED
-        if crowded:
-            self.shutdown_request(request)      # a flood of strangers: real clients retry within their deadline
-            return
-        self.arm(request)
-        super().process_request(request, client_address)
-
-    def arm(self, connection) -> None:
-        """``connection`` must deliver its next request within REQUEST_SECONDS."""
-        with self._armed_lock:
-            self._armed[connection] = time.monotonic() + REQUEST_SECONDS
-
-    def disarm(self, connection) -> None:
-        """``connection`` authenticated its request (or is done)."""
-        with self._armed_lock:
-            self._armed.pop(connection, None)
-
-    def _reap(self) -> None:
-        """Cut connections that did not deliver an authentic request in time (trickling or silent strangers)."""
-        while not self._stopped.wait(0.5):
-            now = time.monotonic()
-            with self._armed_lock:
-                late = [c for c, deadline in self._armed.items() if deadline < now]
-                for connection in late:
-                    del self._armed[connection]
-            for connection in late:
-                try:
-                    connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def handle_error(self, request, client_address) -> None:
-        pass    # a client that hung up early, or garbage: nothing to report, the request is simply dropped
-
-    def server_close(self) -> None:
-        self._stopped.set()
-        super().server_close()
+        except OSError:
+            return self._close(conn)
+        del conn.outbox[:sent]
+        if not conn.outbox:
+            self._close(conn)
 
 
 class RendezvousServer:
-    """Serves a :class:`KVStore` over authenticated HTTP on an ephemeral port, in a daemon thread.
+    """Serves a :class:`KVStore` over authenticated HTTP on an ephemeral port, from one daemon thread.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
@@ -312,29 +315,37 @@ class RendezvousServer:
         self.secret = secret
         self.store = KVStore()
         self._address = (host, port)
-        self._server: Optional[_Server] = None
+        self._listener: Optional[socket.socket] = None
+        self._loop: Optional[_Loop] = None
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> int:
         """Start serving; returns the port."""
-        self._server = _Server(self._address, self.secret, self.store)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="horovod-rendezvous", daemon=True)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(self._address)
+        listener.listen(4096)
+        self._listener = listener
+        self._loop = _Loop(listener, self.secret, self.store)
+        self._thread = threading.Thread(target=self._loop.run, name="horovod-rendezvous", daemon=True)
         self._thread.start()
         return self.port
 
     @property
     def port(self) -> int:
         """The port the server listens on (after :meth:`start`)."""
-        assert self._server is not None, "server not started"
-        return self._server.server_address[1]
+        assert self._listener is not None, "server not started"
+        return self._listener.getsockname()[1]
 
     def stop(self) -> None:
         """Stop serving and close the listening socket; a server never started is fine."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        if self._loop is not None:
+            self._loop.stopped = True
+            self.store.forget_listener(self._loop.wake)
+            self._loop.wake()
+            self._thread.join(5.0)
+            self._listener.close()
+            self._loop = None
 
     def __enter__(self) -> "RendezvousServer":
         self.start()
@@ -342,6 +353,3 @@ class RendezvousServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-__all__ = ["KVStore", "RendezvousServer"]

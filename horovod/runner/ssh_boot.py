@@ -162,7 +162,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--check", nargs="*", metavar="ADDR:PORT", help="report this host and reachable addresses")
     parser.add_argument("--probe-timeout", type=float, default=5.0)
     parser.add_argument("--rank", type=int, help="the worker's rank (shown in ps, for the operator)")
+    parser.add_argument("--host-mode", action="store_true",
+                        help="run every worker of this host, relayed as frames (horovod.runner.ssh_host)")
     args = parser.parse_args(argv)
+    if args.host_mode:
+        from horovod.runner.ssh_host import run_host
+        stdin = sys.stdin.buffer
+        return run_host(stdin.fileno(), sys.stdout.fileno(), _read_line(stdin.fileno(), MAX_PAYLOAD_BYTES))
     if args.check is not None:
         print(json.dumps({"host": socket.gethostname(), "python": sys.version.split()[0],
                           "reachable": probe(args.check, args.probe_timeout)}), flush=True)

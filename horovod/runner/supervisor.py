@@ -147,6 +147,12 @@ class Supervisor:
         """Supervise ``handle``: relay its output under ``key`` and report its exit through :meth:`exits`."""
         self.handles[key] = handle
         self.hostnames[key] = hostname
+        attach, notify = getattr(handle, "attach_output", None), getattr(handle, "notify_exit", None)
+        if attach is not None and notify is not None:
+            # A worker whose output and exit are pushed (many workers over one channel): no thread of its own.
+            attach(lambda stream, line: self.sink.write(key, stream, line))
+            notify(lambda code: self._events.put((key, handle.pid, code)))
+            return
         for stream, pipe in (("stdout", handle.stdout), ("stderr", handle.stderr)):
             if pipe is not None:
                 reader = threading.Thread(target=relay_lines, args=(self.sink, key, stream, pipe), daemon=True,

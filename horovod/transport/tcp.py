@@ -28,7 +28,6 @@ import os
 import select
 import socket
 import threading
-import time
 from typing import Dict, List, Optional, Sequence
 
 from horovod.common.exceptions import HorovodInternalError

@@ -3,26 +3,29 @@
 This is the runner's one place that decides local-or-ssh per slot, for static and elastic jobs alike. Before the
 first worker of a remote host starts, the host is checked once (:func:`horovod.runner.ssh.check_hosts`, in parallel
 and bounded by the start timeout): ssh logs in, the remote Python runs horovod, and the host reaches the rendezvous
-address its workers were given. A remote worker is ``ssh ... python -m horovod.runner.ssh_boot``; its environment
-(secret included), working directory and command travel as one payload line on ssh's standard input, which stays
-open for the worker's life: releasing the handle or killing the ssh client ends the channel, and the remote side
-stops the worker's process group (see :mod:`horovod.runner.ssh_boot`).
+address its workers were given. The workers of a remote host run under one ``ssh ... python -m horovod.runner.ssh_boot --host-mode``
+(:mod:`horovod.runner.ssh_host`): their environments (secret included), working directory and commands travel as one
+payload line on ssh's standard input, which stays open for the workers' lives; their output and exits come back as
+frames on ssh's standard output (:mod:`.host_channel`). Releasing the host's last handle or killing the ssh client
+ends the channel, and the remote side stops the workers' process groups.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from horovod.common import config
 from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_each
+from horovod.runner.backends.host_channel import HostChannel
 from horovod.runner.backends.local import start_local
 from horovod.runner.hosts import is_local_host
 from horovod.runner.pipeline import LAUNCHER_VARS
-from horovod.runner.procgroup import ProcessHandle, start_session
+from horovod.runner.procgroup import start_session
 from horovod.runner.ssh import SshConfig, boot_command, check_hosts, remote_env, ssh_argv
-from horovod.runner.ssh_boot import make_payload
+from horovod.runner.ssh_host import make_host_payload
 
 __all__ = ["SshBackend", "launcher_environment", "rendezvous_probes"]
 
@@ -81,18 +84,35 @@ class SshBackend:
             self._checked.update(probes)
 
     def start(self, launches: Sequence[WorkerLaunch], grace_seconds: float) -> Dict[int, WorkerHandle]:
-        """Check new remote hosts, then start each worker; see :meth:`horovod.runner.backends.base.Backend.start`."""
+        """Check new remote hosts, then start the workers: local ones as processes, each remote host's through one
+        ssh client (:mod:`.host_channel`); see :meth:`horovod.runner.backends.base.Backend.start`."""
         self.check(launches)
-        return start_each(launches, lambda launch: self._start_one(launch, grace_seconds))
-
-    def _start_one(self, launch: WorkerLaunch, grace_seconds: float) -> WorkerHandle:
-        if is_local_host(launch.hostname):
-            return start_local(launch, self._popen)
-        argv = ssh_argv(self.ssh, launch.hostname, boot_command(self.ssh, "--rank", str(launch.rank)))
-        proc = start_session(argv, self.ssh_env, stdin=subprocess.PIPE, popen=self._popen)
+        local = [launch for launch in launches if is_local_host(launch.hostname)]
+        remote: Dict[str, List[WorkerLaunch]] = {}
+        for launch in launches:
+            if not is_local_host(launch.hostname):
+                remote.setdefault(launch.hostname, []).append(launch)
+        handles = start_each(local, lambda launch: start_local(launch, self._popen))
         try:
-            proc.stdin.write(make_payload(launch.command, remote_env(launch.env), self.cwd, grace_seconds))
+            for hostname, group in remote.items():
+                handles.update(self._start_host(hostname, group, grace_seconds))
+        except BaseException:
+            for handle in handles.values():
+                handle.signal(signal.SIGKILL)
+                handle.release()
+            raise
+        return handles
+
+    def _start_host(self, hostname: str, group: Sequence[WorkerLaunch],
+                    grace_seconds: float) -> Dict[int, WorkerHandle]:
+        argv = ssh_argv(self.ssh, hostname, boot_command(self.ssh, "--host-mode"))
+        proc = start_session(argv, self.ssh_env, stdin=subprocess.PIPE, popen=self._popen)
+        workers = [{"rank": launch.rank, "command": launch.command, "env": remote_env(launch.env)}
+                   for launch in group]
+        try:
+            proc.stdin.write(make_host_payload(workers, self.cwd, grace_seconds))
             proc.stdin.flush()
         except OSError:
             pass  # ssh already exited; its exit status tells why
-        return ProcessHandle(proc, channel=proc.stdin)
+        channel = HostChannel(proc, [launch.rank for launch in group])
+        return dict(channel.workers)
