@@ -1,7 +1,10 @@
 """Bring up this rank's transport: publish our data-plane address through the rendezvous, learn every peer's.
 
 Connections themselves are opened when a collective first needs them (:mod:`horovod.transport.mesh`); ``init``
-waits only until every rank has published (one request per rank, which returns every record at once).
+waits only until every rank has published. Up to :data:`DIRECT_RECORDS_MAX_RANKS` ranks, each rank reads every
+record in one request; in a larger job only rank 0 does, and the records travel down the negotiation tree (rank
+``r`` hands them to ``2r + 1`` and ``2r + 2``, over connections the tree uses anyway), so the launcher holds one
+waiting request instead of one per rank.
 
 The address we publish is the one this host uses to reach the rendezvous server (or the interface named by
 ``HOROVOD_GLOO_IFACE``): an address our peers can reach, found by routing rather than guessed from interface names.
@@ -22,7 +25,9 @@ from horovod.transport.tcp import TcpTransport
 
 _log = logging.getLogger("horovod")
 
-__all__ = ["rendezvous_client", "connect", "LossBoard"]
+__all__ = ["DIRECT_RECORDS_MAX_RANKS", "rendezvous_client", "connect", "LossBoard"]
+
+DIRECT_RECORDS_MAX_RANKS = 16
 
 
 def _routable_address(rendezvous_addr: str, port: int) -> str:
@@ -88,11 +93,16 @@ def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = 
         host = _routable_address(topo.rendezvous_addr, topo.rendezvous_port)
     port = transport.listen(host)  # only where peers are told to dial, not on every interface
     deadline = time.monotonic() + config.start_timeout
+    by_tree = size > DIRECT_RECORDS_MAX_RANKS
     try:
         client.put(scope, str(rank), (f"{host}:{port} {topo.hostname} {_agreed_settings(config)} "
                                       f"{transport.unix_name or '-'} {os.cpu_count() or 1}").encode())
-        published = _all_published(client, scope, size, deadline, abandoned)
-    except (RendezvousError, HorovodInternalError) as exc:
+        if by_tree and rank > 0:
+            texts = _records_from_parent(transport, deadline, abandoned)
+        else:
+            texts = _all_published(client, scope, size, deadline, abandoned)
+        published = [_parse_record(text) for text in texts]
+    except (RendezvousError, HorovodInternalError, ValueError) as exc:
         transport.close()
         if isinstance(exc, HorovodInternalError):
             raise
@@ -109,7 +119,24 @@ def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = 
                len(addresses), len(unix_names))
     transport.connect(addresses, config.start_timeout, unix_names, abandoned)
     transport.loss_board = LossBoard(client, f"{scope}.lost")
+    if by_tree:
+        for child in (2 * rank + 1, 2 * rank + 2):
+            if child < size:
+                transport.send_obj(child, ("records", texts))
     return transport
+
+
+def _records_from_parent(transport: TcpTransport, deadline: float, abandoned: Optional[Callable[[], bool]]
+                         ) -> List[str]:
+    """Every rank's record, as this rank's parent in the tree hands them down (it dials us with them)."""
+    parent = (transport.rank - 1) // 2
+    transport.await_dial(parent, deadline, abandoned)
+    frame = transport.recv_obj(parent)
+    if not (isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "records" and isinstance(frame[1], list)
+            and len(frame[1]) == transport.size and all(isinstance(text, str) for text in frame[1])):
+        raise HorovodInternalError(f"rank {transport.rank}: rank {parent} sent no start-up records but "
+                                   f"{frame!r:.100}")
+    return frame[1]
 
 
 class LossBoard:
@@ -136,7 +163,7 @@ class LossBoard:
 
 
 def _all_published(client: RendezvousClient, scope: str, size: int, deadline: float,
-                   abandoned: Optional[Callable[[], bool]] = None) -> List[Tuple[Tuple[str, int], str, str, str, int]]:
+                   abandoned: Optional[Callable[[], bool]] = None) -> List[str]:
     """Every rank's record (see :func:`_parse_record`), once all have published; asks ``abandoned`` every second."""
     while True:
         left = max(0.1, deadline - time.monotonic())
@@ -152,7 +179,7 @@ def _all_published(client: RendezvousClient, scope: str, size: int, deadline: fl
     missing = [peer for peer in range(size) if str(peer) not in items]
     if missing:
         raise RendezvousError(f"rendezvous scope {scope} lacks ranks {missing[:8]}")
-    return [_parse_record(items[str(peer)].decode()) for peer in range(size)]
+    return [items[str(peer)].decode() for peer in range(size)]
 
 
 # Settings that choose algorithms or give cache bits their meaning: every rank must use the same values, or the

@@ -236,6 +236,26 @@ class MeshSetup:
                     self._links.notify_all()
             # Dropped: the peer dialled us at the same time and its connection is the one kept; wait for it.
 
+    def await_dial(self, peer: int, deadline: float, abandoned=None) -> None:
+        """Wait until ``peer`` has dialled this rank (before this rank knows any address: start-up's records come
+        from the rank that dials), asking ``abandoned`` now and then.
+
+        Raises:
+            HorovodInternalError: the transport failed, or no connection came by ``deadline``.
+        """
+        if abandoned is not None:
+            self._abandoned = abandoned
+        with self._links:
+            while peer not in self._socks:
+                if self._broken is not None:
+                    raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HorovodInternalError(f"rank {self.rank}: rank {peer} did not connect before the start "
+                                               f"timeout (HOROVOD_START_TIMEOUT)")
+                self._links.wait(min(left, 0.5))
+                self._check_abandoned()
+
     def _dial_any(self, peer: int, deadline: float) -> Optional[socket.socket]:
         """A connection to ``peer`` that it kept, or None when it kept its own dial to us instead."""
         name = self._unix_names.get(peer)
