@@ -6,6 +6,7 @@ per rank, frames per cycle, connections an allreduce-only job holds), never a ti
 
 import math
 import os
+import shutil
 import signal
 import sys
 
@@ -139,3 +140,35 @@ def test_every_survivor_of_a_killed_rank_names_it_though_most_never_talked_to_it
             assert f"survivor {rank}: HorovodInternalError: Horovod failed on rank {rank}: rank {victim} on host " \
                 in proc.stdout, (rank, proc.stdout[-4000:])
     assert f"Root cause: rank {victim} " in proc.stdout + proc.stderr
+
+
+LIMITED = """
+import sys
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+n = hvd.size()
+hvd.allreduce(np.ones(1 << 18, dtype=np.float32), name="ring")   # a ring: two neighbours (and the tree's three)
+try:
+    hvd.alltoall(np.arange(n * 4, dtype=np.float32), name="everyone")
+except Exception as exc:
+    print(f"rank {hvd.rank()}: {type(exc).__name__}: {exc}", flush=True)
+    sys.exit(1)
+print(f"rank {hvd.rank()}: alltoall done", flush=True)
+"""
+
+
+@pytest.mark.cli
+def test_an_alltoall_past_the_descriptor_limit_fails_at_once_naming_the_op_and_the_limit(tmp_path):
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    script = tmp_path / "limited.py"
+    script.write_text(LIMITED)
+    # 24 ranks whose workers may open 32 files: the ring and the tree fit, an alltoall's 23 connections do not.
+    proc = run_horovodrun(["-np", "24", "prlimit", "--nofile=32:32", sys.executable, str(script)], timeout=120,
+                          env={"HOROVOD_SHM_DISABLE": "1"})
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    own = [line for line in proc.stdout.splitlines() if "open files per process is reached (hard limit 32)" in line
+           and "ALLTOALL of 'alltoall.everyone'" in line]
+    assert own, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "raise the limit (ulimit -n" in own[0]

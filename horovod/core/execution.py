@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
-from horovod.common.types import OpType, Response, nbytes
+from horovod.common.types import OP_NAMES, OpType, Response, nbytes
 from horovod.core import fusion
 from horovod.core.controller import FATAL_ERROR
 from horovod.core.negotiation.base import Batch
 from horovod.core.negotiation.inline import allreduce_contributions
 from horovod.core.ops import Buffers, Entry, execute
 from horovod.core.set_state import SetState
+from horovod.transport.mesh import DescriptorLimitError
 
 __all__ = ["Executor", "complete"]
 
@@ -61,8 +62,12 @@ class Executor:
                 tl.activity(response, "NEGOTIATED_DATA_ALLREDUCE")
             results = allreduce_contributions(response, entries, batch.contributions, self.buffers)
         else:
-            results = execute(response, entries, state.group, self.buffers,
-                              (lambda activity: tl.activity(response, activity)) if tl is not None else None)
+            try:
+                results = execute(response, entries, state.group, self.buffers,
+                                  (lambda activity: tl.activity(response, activity)) if tl is not None else None)
+            except DescriptorLimitError as exc:
+                names = ", ".join(repr(n) for n in response.names[:4]) + (" ..." if len(response.names) > 4 else "")
+                raise DescriptorLimitError(f"{OP_NAMES.get(response.op, response.op)} of {names}: {exc}") from None
         if tl is not None:
             tl.end(response)
         if response.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):

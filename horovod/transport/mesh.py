@@ -33,7 +33,12 @@ from horovod.transport import wire
 from horovod.transport.reactor import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES, VERDICT_KEEP, Reactor
 
 __all__ = ["HANDSHAKE_SECONDS", "MAX_PENDING_HANDSHAKES", "PURPOSE_MESH", "FORKED", "forked", "watch_liveness",
-           "raise_descriptor_limit", "MeshSetup"]
+           "raise_descriptor_limit", "DescriptorLimitError", "MeshSetup"]
+
+
+class DescriptorLimitError(HorovodInternalError):
+    """A connection could not be opened: the process's open-file limit is reached (the message names it and the
+    fix; the engine adds the collective that needed it)."""
 
 PURPOSE_MESH = 2                  # 1 was the full mesh made at init, whose acceptors sent no verdict
 FORKED = [False]
@@ -118,6 +123,9 @@ class MeshSetup:
         raise NotImplementedError
 
     def _configure(self, sock: socket.socket) -> None:
+        raise NotImplementedError
+
+    def broken_error(self) -> HorovodInternalError:
         raise NotImplementedError
 
     def _check_abandoned(self) -> None:
@@ -209,7 +217,7 @@ class MeshSetup:
             with self._links:
                 while True:
                     if self._broken is not None:
-                        raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+                        raise self.broken_error()
                     sock = self._socks.get(peer)
                     if sock is not None:
                         return sock
@@ -248,7 +256,7 @@ class MeshSetup:
         with self._links:
             while peer not in self._socks:
                 if self._broken is not None:
-                    raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+                    raise self.broken_error()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise HorovodInternalError(f"rank {self.rank}: rank {peer} did not connect before the start "
@@ -258,6 +266,12 @@ class MeshSetup:
 
     def _dial_any(self, peer: int, deadline: float) -> Optional[socket.socket]:
         """A connection to ``peer`` that it kept, or None when it kept its own dial to us instead."""
+        try:
+            return self._dial_either(peer, deadline)
+        except OSError as exc:
+            raise self._dial_error(peer, self._addresses.get(peer, ("?", 0)), exc) from None
+
+    def _dial_either(self, peer: int, deadline: float) -> Optional[socket.socket]:
         name = self._unix_names.get(peer)
         if name:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -281,9 +295,10 @@ class MeshSetup:
     def _dial_error(self, peer: int, address: Tuple[str, int], exc: OSError) -> HorovodInternalError:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            return HorovodInternalError(
+            return self._fail(peer, OSError(exc.errno, (
                 f"rank {self.rank} cannot open a connection to rank {peer}: the limit of {soft} open files per "
-                f"process is reached (hard limit {hard}); raise it (ulimit -n) before starting the job")
+                f"process is reached (hard limit {hard}); raise the limit (ulimit -n, or LimitNOFILE for a "
+                f"service) before starting the job")))
         if isinstance(exc, ConnectionRefusedError):
             return self._fail(peer, ConnectionError(f"its listener at {address[0]}:{address[1]} refused the "
                                                     f"connection"))

@@ -20,9 +20,11 @@ only then is a kept connection handed over with ``adopt(rank, sock)``, so no dat
 from __future__ import annotations
 
 import collections
+import errno
 import hmac
 import logging
 import os
+import resource
 import selectors
 import socket
 import struct
@@ -211,7 +213,17 @@ class Reactor(threading.Thread):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                log.warning("rank %d: accepting a connection failed: %s", self.rank, exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    # Out of descriptors: the peer dialling us would wait in the backlog until its timeout. Fail
+                    # now, saying why, so that every rank learns of it at once.
+                    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                    self._fail(self.rank, OSError(exc.errno, (
+                        f"rank {self.rank} cannot accept a connection: the limit of {soft} open files per process is "
+                        f"reached (hard limit {hard}); raise the limit (ulimit -n, or LimitNOFILE for a service) "
+                        f"before starting the job")))
+                    self._stopped = True
+                else:
+                    log.warning("rank %d: accepting a connection failed: %s", self.rank, exc)
                 return
             if sock.family == socket.AF_UNIX and not self._same_user(sock):
                 sock.close()    # another local user: the abstract namespace lets anyone dial

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
 from horovod.transport.duplex import PollDuplex
-from horovod.transport.mesh import FORKED, MeshSetup, forked, watch_liveness
+from horovod.transport.mesh import FORKED, DescriptorLimitError, MeshSetup, forked, watch_liveness
 from horovod.transport.reactor import Reactor, SendFuture
 
 __all__ = ["SendFuture", "TcpTransport", "forked", "watch_liveness"]
@@ -86,6 +86,7 @@ class TcpTransport(MeshSetup):
         self._silence_reported: set = set()
         self._abandoned = None
         self._fail_lock = threading.Lock()
+        self._limit_hit = False
         # Where a failing rank posts its account before it hangs up, so that ranks that only learn of the failure
         # from it (connections open on demand: few see a lost rank itself) name the lost rank, not the messenger.
         self.loss_board = None
@@ -119,13 +120,22 @@ class TcpTransport(MeshSetup):
     def _fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
         with self._fail_lock:
             if self._broken is None:
+                self._limit_hit = isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
                 self._broken = self._cause(peer, exc)
                 self.close()
-        return HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+        return self.broken_error()
+
+    def broken_error(self) -> HorovodInternalError:
+        """The error every call raises once the transport failed (DescriptorLimitError when this rank ran out of
+        descriptors, so that the engine names the collective that needed them)."""
+        kind = DescriptorLimitError if self._limit_hit else HorovodInternalError
+        return kind(f"Horovod failed on rank {self.rank}: {self._broken}")
 
     def _cause(self, peer: int, exc: BaseException) -> str:
         """What failed, as this rank tells it: its own view of ``peer``'s connection, unless ``peer`` posted on the
         loss board before it hung up (then it is passing on a loss it saw, and its account names the lost rank)."""
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return str(exc.strerror)      # this rank's own limit, worded by the mesh
         if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT:
             # The kernel's keepalive probes or unacknowledged data ran out: the host is down or cut off.
             cause = (f"{self._where(peer)} was lost: its connection showed no sign of life for {self.liveness:g} s "
@@ -195,7 +205,7 @@ class TcpTransport(MeshSetup):
 
     def _sock(self, peer: int) -> socket.socket:
         if self._broken is not None:
-            raise HorovodInternalError(f"Horovod failed on rank {self.rank}: {self._broken}")
+            raise self.broken_error()
         sock = self._socks.get(peer)
         return sock if sock is not None else self._open(peer)
 

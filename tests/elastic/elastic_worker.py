@@ -21,7 +21,7 @@ from horovod import elastic
 
 OUT = os.environ["ELASTIC_TEST_OUT"]
 EPOCHS = int(os.environ.get("ELASTIC_TEST_EPOCHS", "4"))
-N = 24
+N = int(os.environ.get("ELASTIC_TEST_N", "24"))
 BATCH = 2
 HOST = os.environ["HOROVOD_HOSTNAME"]
 SLOT = os.environ["HOROVOD_LOCAL_RANK"]

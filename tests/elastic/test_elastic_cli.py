@@ -14,8 +14,9 @@ pytestmark = pytest.mark.cli
 N = 24  # samples per epoch in elastic_worker.py
 
 
-def check_history(finals, epochs):
-    """Identical parameters everywhere; each epoch committed once, in order; each sample seen in each epoch."""
+def check_history(finals, epochs, n=N, workers=3):
+    """Identical parameters everywhere; each epoch committed once, in order; each sample seen in each epoch (``n``
+    samples, at most ``workers`` workers)."""
     assert finals, "no worker finished"
     params = {tuple(f["params"]) for f in finals.values()}
     assert len(params) == 1, f"ranks disagree: {finals}"
@@ -23,9 +24,9 @@ def check_history(finals, epochs):
     assert rank0["committed"] == list(range(epochs))
     for epoch in range(epochs):
         seen = rank0["seen"][str(epoch)]
-        assert set(seen) == set(range(N)), f"epoch {epoch} lost samples: {sorted(set(range(N)) - set(seen))}"
+        assert set(seen) == set(range(n)), f"epoch {epoch} lost samples: {sorted(set(range(n)) - set(seen))}"
         # Only the padding of a last, uneven round repeats samples: less than one batch per worker.
-        assert len(seen) - N < 2 * 3, f"epoch {epoch} repeated samples: {sorted(seen)}"
+        assert len(seen) - n < 2 * workers, f"epoch {epoch} repeated samples: {sorted(seen)}"
     return rank0
 
 
