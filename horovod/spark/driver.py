@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from typing import Any, Callable, List, Optional
 
 import pyspark
@@ -24,6 +25,8 @@ __all__ = ["SparkStartTimeoutError", "active_context", "driver_address", "start_
 
 _job_ids = itertools.count(1)
 _STOP_SECONDS = 30.0   # how long ended agents have to finish their tasks before the job group is cancelled
+_POLL_SECONDS = 0.25   # how often a wait for agents looks whether the Spark job has ended (it notifies no one)
+_SPARK_ERROR_CHARS = 2000
 
 
 class SparkStartTimeoutError(HorovodError, TimeoutError):
@@ -106,19 +109,23 @@ class SparkJob:
         return self._thread.is_alive()
 
     def wait_for_agents(self, count: int) -> List[Agent]:
-        """Wait up to the start timeout for ``count`` agents; returns them by partition index.
+        """Wait up to the start timeout for ``count`` agents; returns them by partition index. A Spark job that
+        fails first (executors whose Python cannot run the tasks, say) ends the wait within a fraction of a second.
 
         Raises:
             SparkStartTimeoutError: fewer arrived in time; the message says how many, and what to check.
-            RuntimeError: the Spark job failed before they arrived.
+            RuntimeError: the Spark job failed before they arrived (the message quotes Spark's error).
         """
-        self.server.wait_for(lambda agents: len(agents) >= count or not self.running, self.start_timeout)
+        deadline = time.monotonic() + self.start_timeout
+        enough = lambda agents: len(agents) >= count or not self.running  # noqa: E731
+        while not self.server.wait_for(enough, max(0.0, min(_POLL_SECONDS, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                break
         agents = self.server.agents()
         if len(agents) >= count:
             return agents[:count]
-        if not self.running and self.error is not None:
-            raise RuntimeError(f"the Spark job of Horovod's tasks failed before they started: {self.error}") \
-                from self.error
+        if not self.running:
+            raise RuntimeError(_failed_early_message(self.error)) from self.error
         started = len(agents)
         raise SparkStartTimeoutError(
             f"Timed out after {self.start_timeout:g}s waiting for Spark tasks to start: {started} of {count} "
@@ -135,3 +142,19 @@ class SparkJob:
             self.context.cancelJobGroup(self.group)
             self._thread.join(_STOP_SECONDS)
         self.pool.close()
+
+
+def _spark_error_summary(error: Optional[BaseException]) -> str:
+    """Spark's error without the JVM's stack frames (a ``Py4JJavaError`` quotes every ``at ...`` line)."""
+    if error is None:
+        return "the Spark job ended without a result or an error"
+    lines = [line for line in str(error).splitlines()
+             if line.strip() and not line.lstrip().startswith(("at ", "... "))]
+    text = "\n".join(lines) or type(error).__name__
+    return text if len(text) <= _SPARK_ERROR_CHARS else text[:_SPARK_ERROR_CHARS] + " ..."
+
+
+def _failed_early_message(error: Optional[BaseException]) -> str:
+    return (f"the Spark job of Horovod's tasks failed before they started: {_spark_error_summary(error)}\n"
+            f"Check that the executors' Python runs the tasks and imports horovod: set PYSPARK_PYTHON to such an "
+            f"interpreter (the driver's own, sys.executable, on one machine) before the SparkContext starts.")

@@ -84,6 +84,20 @@ def test_too_few_executors_times_out_with_the_count(spark):
                                                         start_timeout=120), 240)) == 2
 
 
+def test_a_spark_job_that_fails_early_surfaces_within_seconds_with_sparks_error(spark, monkeypatch):
+    # Executors whose Python cannot run the tasks (here: a PYSPARK_PYTHON that does not exist; in the field, one
+    # that differs from the driver's) fail the Spark job at once: run must say so, not wait out start_timeout.
+    import horovod.spark
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", "/nonexistent/python-for-horovod-test")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="Spark job of Horovod's tasks failed") as info:
+        bounded(spark, lambda: horovod.spark.run(allreduce_ranks, args=(1,), num_proc=2, start_timeout=600), 60)
+    assert time.monotonic() - start < 30
+    assert "/nonexistent/python-for-horovod-test" in str(info.value)  # Spark's own error
+    assert "PYSPARK_PYTHON" in str(info.value)
+    assert no_active_spark_jobs(spark)
+
+
 def test_env_reaches_ranks_and_start_timeout_comes_from_config(spark, monkeypatch):
     import horovod.spark
     monkeypatch.setenv("HOROVOD_SPARK_START_TIMEOUT", "3")
