@@ -161,6 +161,34 @@ def test_hosts_refusing_ssh_are_named_within_start_timeout(cluster, tmp_path):
     assert not cluster.worker_pids(a)
 
 
+NEVER_REGISTERS = textwrap.dedent("""
+    import os, sys, time
+    if os.environ["HOROVOD_HOSTNAME"] == sys.argv[1]:
+        time.sleep(600)     # ssh answered, the worker started, and it never reaches hvd.init()
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    hvd.allreduce(np.ones(4))
+""")
+
+
+def test_a_host_whose_workers_never_register_is_named_within_the_start_timeout(cluster, tmp_path):
+    a, b = cluster.hosts[0], cluster.hosts[1]
+    (tmp_path / "job.py").write_text(NEVER_REGISTERS)
+    started = time.monotonic()
+    result = run_horovodrun(["-np", "4", "-H", f"{a.address}:2,{b.address}:2", "--start-timeout", "5", "-i",
+                             cluster.identity_file, sys.executable, "job.py", b.address],
+                            timeout=60, env=cluster.env(), cwd=str(tmp_path))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    assert f"Root cause: ranks 2, 3 on host {b.address} did not register within the start timeout" in output, \
+        output[-3000:]
+    assert elapsed < 5 + 15, f"took {elapsed:.1f} s with --start-timeout 5"
+    for host in (a, b):
+        _wait_for(lambda: not cluster.worker_pids(host), 10, f"the processes on {host.address} to end")
+
+
 def test_link_down_mid_job_fails_every_survivor_within_timeout(cluster, tmp_path):
     a, b = cluster.hosts[0], cluster.hosts[1]
     (tmp_path / "loop.py").write_text(LOOP)

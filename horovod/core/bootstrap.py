@@ -171,7 +171,9 @@ def _all_published(client: RendezvousClient, scope: str, size: int, deadline: fl
             items = client.get_all(scope, size, timeout=left if abandoned is None else min(left, 1.0))
             break
         except RendezvousError:
-            if abandoned is None or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
+                raise HorovodInternalError(_unregistered(client, scope, size)) from None
+            if abandoned is None:
                 raise
             if abandoned():
                 raise HorovodInternalError(f"the round of {scope} was given up: a peer failed while it "
@@ -180,6 +182,20 @@ def _all_published(client: RendezvousClient, scope: str, size: int, deadline: fl
     if missing:
         raise RendezvousError(f"rendezvous scope {scope} lacks ranks {missing[:8]}")
     return [items[str(peer)].decode() for peer in range(size)]
+
+
+def _unregistered(client: RendezvousClient, scope: str, size: int) -> str:
+    """Which ranks never published their address, for the start timeout's error."""
+    try:
+        present = {int(key) for key in client.keys(scope) if key.isdigit()}
+    except RendezvousError:
+        present = set()
+    missing = [rank for rank in range(size) if rank not in present]
+    shown = ", ".join(map(str, missing[:16])) + (f" and {len(missing) - 16} more" if len(missing) > 16 else "")
+    return (f"ranks {shown} of {size} did not register within the start timeout (HOROVOD_START_TIMEOUT): their "
+            f"processes did not reach hvd.init(), or their hosts cannot reach the launcher at "
+            f"{client.addr}:{client.port}" if missing else
+            "the rendezvous did not answer with every rank's address within the start timeout")
 
 
 # Settings that choose algorithms or give cache bits their meaning: every rank must use the same values, or the

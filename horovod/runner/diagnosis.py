@@ -13,7 +13,10 @@ already exited. :func:`diagnose` decides, by these rules, in order:
 4. else, when the consequences say a peer was lost (its host cut off or down, its process killed) and that peer
    reported nothing itself, that peer is the root cause: the survivors that saw it go exit first, but they are not
    the cause (the first of them to report it is quoted);
-5. else the first failure the launcher saw.
+5. else, when the consequences say that ranks never registered at start-up (they did not reach ``hvd.init()``, or
+   their hosts could not reach the launcher) and those ranks reported nothing, they are the root cause, named with
+   their hosts;
+6. else the first failure the launcher saw.
 
 It is a pure function; :func:`summary` turns its verdict into what ``horovodrun`` prints.
 """
@@ -21,7 +24,8 @@ It is a pure function; :func:`summary` turns its verdict into what ``horovodrun`
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, List, Optional
+import re
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from horovod.common.failure_records import FailureRecord
 from horovod.runner.supervisor import JobResult, WorkerExit, failure_message
@@ -39,6 +43,7 @@ class Diagnosis:
     exit: Optional[WorkerExit]
     record: Optional[FailureRecord] = None
     waiter: Optional[FailureRecord] = None  # for ``finished``: the first rank left waiting
+    absent: Tuple[Tuple[int, str], ...] = ()  # for ``unregistered``: every such rank with its host
 
     def headline(self) -> str:
         """One line saying what happened."""
@@ -55,6 +60,13 @@ class Diagnosis:
             host = f" on {self.exit.hostname}" if self.exit else f" on {named_host}" if named_host else ""
             said = f": {why}" if why else ""
             return f"rank {self.rank}{host} was lost, as rank {self.record.rank} reported first{said}"
+        if self.kind == "unregistered":
+            hosts = sorted({h for _, h in self.absent if h})
+            ranks = ", ".join(str(r) for r, _ in self.absent)
+            where = f" on host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)}" if hosts else ""
+            return (f"rank{'s' if len(self.absent) > 1 else ''} {ranks}{where} did not register within the start "
+                    f"timeout: they did not reach hvd.init(), or could not reach the launcher (as rank "
+                    f"{self.record.rank} reported)")
         how = self.exit.describe() if self.exit else "an unknown status"
         what = f": {self.record.headline()}" if self.record else ""
         return f"rank {self.rank}{host} ended with {how}{what}"
@@ -101,7 +113,21 @@ def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Di
         lost = record.lost_peer()
         if lost is not None and lost[0] not in failures:   # (a rank that reported is not lost)
             return Diagnosis(lost[0], "lost", exits.get(lost[0]), record)
+    for record in sorted(failures.values(), key=lambda r: r.time):
+        absent = [rank for rank in _unregistered(record) if rank not in failures]
+        if absent:
+            hosts = tuple((rank, exits[rank].hostname if rank in exits else "") for rank in absent)
+            return Diagnosis(absent[0], "unregistered", exits.get(absent[0]), record, absent=hosts)
     return Diagnosis(first.rank, "failed", first, failures.get(first.rank))
+
+
+_UNREGISTERED = re.compile(r"ranks? ([\d, ]+?)(?: and \d+ more)? of \d+ did not register")
+
+
+def _unregistered(record: FailureRecord) -> List[int]:
+    """The ranks a start-up timeout says never registered."""
+    found = _UNREGISTERED.search(record.headline())
+    return [int(word) for word in found.group(1).replace(",", " ").split()] if found else []
 
 
 def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
@@ -112,11 +138,12 @@ def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     if verdict is None:
         return ""
     lines = []
-    if verdict.record is not None and verdict.record.traceback and verdict.kind != "lost":
+    if verdict.record is not None and verdict.record.traceback and verdict.kind not in ("lost", "unregistered"):
         lines.append(f"Root cause, rank {verdict.rank}:\n{verdict.record.traceback.rstrip()}\n")
     # Horovod's block names a process that exited non-zero: the root cause's, unless that rank finished normally or
     # was lost (the launcher learns of a lost rank's end last, if at all).
-    exit_ = result.first_failure if verdict.kind in ("finished", "lost") else verdict.exit or result.first_failure
+    exit_ = result.first_failure if verdict.kind in ("finished", "lost", "unregistered") \
+        else verdict.exit or result.first_failure
     if exit_ is not None:
         lines.append(failure_message(exit_).rstrip("\n"))
     lines.append(f"Root cause: {verdict.headline()}.")

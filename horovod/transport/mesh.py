@@ -259,8 +259,9 @@ class MeshSetup:
                     raise self.broken_error()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise HorovodInternalError(f"rank {self.rank}: rank {peer} did not connect before the start "
-                                               f"timeout (HOROVOD_START_TIMEOUT)")
+                    raise HorovodInternalError(f"rank {self.rank}: the start-up records did not come from rank {peer} "
+                                               f"within the start timeout (HOROVOD_START_TIMEOUT): rank 0 waits for "
+                                               f"every rank to register, and it reports which did not")
                 self._links.wait(min(left, 0.5))
                 self._check_abandoned()
 
