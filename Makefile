@@ -1,5 +1,5 @@
-# make demo — set up .venv and run the main example on 2 workers
-# make test — set up .venv and run the whole test suite
+# make demo — set up .venv with what the demo needs (torch, scikit-learn) and run the main example on 2 workers
+# make test — set up .venv with every extra and run the whole test suite
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,15 +8,28 @@ BIN := $(VENV)/bin
 # optional for users but tested here; torch stays pinned in the same command.
 TORCH := torch==2.13.0
 DEMO := $(if $(wildcard examples/pytorch_digits.py),examples/pytorch_digits.py,examples/numpy_allreduce.py)
+# The demo trains on scikit-learn's digits with torch: the examples extra, nothing else (no TensorFlow, JAX, Ray,
+# Spark: the full set is a 4 GB environment).
+DEMO_EXTRAS := examples
+TEST_EXTRAS := test,examples,tensorflow,jax,ray,spark
 
-.PHONY: venv test demo clean sysdeps
+.PHONY: venv demo-venv test demo clean sysdeps
 
 venv: $(VENV)/.installed
+
+demo-venv: $(VENV)/.demo-installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[test,examples,tensorflow,jax,ray,spark]" $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[$(TEST_EXTRAS)]" $(TORCH)
+	touch $@ $(VENV)/.demo-installed
+
+# The demo's environment; the full one (above) holds it too, so after `make test` the demo installs nothing more.
+$(VENV)/.demo-installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[$(DEMO_EXTRAS)]" $(TORCH)
 	touch $@
 
 sysdeps:
@@ -25,7 +38,7 @@ sysdeps:
 test: venv sysdeps
 	$(BIN)/python -m pytest -q tests
 
-demo: venv
+demo: demo-venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" horovodrun -np 2 python $(DEMO)
 
 clean:
