@@ -7,13 +7,14 @@ them with Horovod's rules and ``jax.vmap`` batches them (:mod:`horovod.jax._tran
 an optax ``DistributedOptimizer``, ``broadcast_parameters``/``broadcast_optimizer_state`` and elastic
 ``hvd.elastic.JaxState``. Importing starts nothing; ``hvd.init()`` does.
 
-Needs the ``jax`` extra: ``pip install horovod-py[jax]`` (jax and optax).
+Needs the ``jax`` extra (jax and optax): ``pip install -e '.[jax]'`` in a checkout, ``'<wheel>[jax]'`` with a wheel.
 """
 
 try:
     import jax as _jax  # noqa: F401
 except ImportError as _error:  # pragma: no cover - exercised by a test that hides jax
-    raise ImportError("horovod.jax needs JAX: pip install horovod-py[jax] (installs jax and optax)") from _error
+    from horovod.common.extras import install_hint
+    raise ImportError(f"horovod.jax needs JAX: {install_hint('jax')}") from _error
 
 from horovod.runtime import binding_api
 from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, errors, ops, process sets...)

@@ -105,11 +105,11 @@ def DistributedOptimizer(optimizer, compression=Compression.none, backward_passe
     Raises:
         ValueError: ``backward_passes_per_step`` < 1, a predivide factor with an op other than Average, Adasum with
             ``average_aggregated_gradients``, or malformed ``groups``.
-        ImportError: optax is not installed (``pip install horovod-py[jax]``).
+        ImportError: optax is not installed (the ``jax`` extra; the message says how to install it).
     """
     if optax is None:
-        raise ImportError("hvd.DistributedOptimizer wraps an optax transformation: pip install horovod-py[jax] "
-                          "(installs jax and optax)")
+        from horovod.common.extras import install_hint
+        raise ImportError(f"hvd.DistributedOptimizer wraps an optax transformation: {install_hint('jax')}")
     groups = policy.check_optimizer_arguments(op, gradient_predivide_factor, backward_passes_per_step, groups,
                                               average_aggregated_gradients=average_aggregated_gradients, what=_PATHS)
     inner = optax.with_extra_args_support(optimizer)

@@ -12,7 +12,8 @@ moves tensors directly between them (TCP between nodes, shared memory within a n
 try:
     import ray  # noqa: F401
 except ImportError as _exc:  # pragma: no cover — exercised without Ray installed
-    raise ImportError("horovod.ray needs Ray, which is not installed: pip install 'horovod-py[ray]'") from _exc
+    from horovod.common.extras import install_hint
+    raise ImportError(f"horovod.ray needs Ray, which is not installed: {install_hint('ray')}") from _exc
 
 from horovod.ray.elastic import ElasticRayExecutor, RayHostDiscovery
 from horovod.ray.runner import RayExecutor

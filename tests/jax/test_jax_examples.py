@@ -101,7 +101,7 @@ def _python(code):
 @pytest.mark.unit
 def test_without_jax_the_import_names_the_extra_and_check_build_leaves_jax_out():
     proc = _python("import horovod.jax")
-    assert proc.returncode != 0 and "pip install horovod-py[jax]" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode != 0 and "pip install -e '.[jax]'" in proc.stderr, proc.stderr[-2000:]
     proc = _python("from horovod.runner.check_build import check_build_text; print(check_build_text('1'))")
     assert proc.returncode == 0 and "[ ] JAX" in proc.stdout, proc.stdout + proc.stderr
 

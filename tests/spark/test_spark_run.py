@@ -117,7 +117,7 @@ def test_without_pyspark_the_import_error_names_the_extra(tmp_path):
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
                           timeout=60)
     assert proc.returncode != 0
-    assert "pip install horovod-py[spark]" in proc.stderr
+    assert "pip install 'pyspark>=3.4'" in proc.stderr and "pip install -e '.[spark]'" in proc.stderr
 
 
 @pytest.mark.unit
