@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Set, Tuple
 from horovod.common.exceptions import HorovodConfigError
 
 __all__ = ["MIB", "Setting", "Config", "SETTINGS", "SETTINGS_BY_ENV", "AGREED_SETTINGS", "LOG_LEVELS", "load_config",
-           "unknown_variables", "configure_logging", "environ_get", "environ_set", "environ_snapshot"]
+           "unknown_variables", "report_variables", "configure_logging", "environ_get", "environ_set",
+           "environ_snapshot"]
 
 MIB = 1024 * 1024
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -308,7 +309,13 @@ def unknown_variables(environ: Mapping[str, str]) -> Dict[str, Optional[str]]:
             for name in environ if name.startswith("HOROVOD_") and name not in SETTINGS_BY_ENV}
 
 
-def _warn_once(environ: Mapping[str, str], explicit: FrozenSet[str]) -> None:
+def report_variables(environ: Mapping[str, str], explicit: Optional[FrozenSet[str]] = None) -> None:
+    """Warn once per name, on the ``horovod`` logger, about ``HOROVOD_*`` variables of ``environ`` that are no setting
+    (naming the closest) and inert settings set to something else than their default (``explicit``: the settings
+    set, default those with a value). A launcher reports the environment it gives its workers, which then say nothing
+    of it (:func:`load_config`): one report per job, not one per rank.
+    """
+    explicit = frozenset(s.env for s in SETTINGS if environ.get(s.env)) if explicit is None else explicit
     for name, closest in unknown_variables(environ).items():
         if name not in _warned:
             _warned.add(name)
@@ -325,8 +332,9 @@ def load_config(environ: Optional[Mapping[str, str]] = None) -> Config:
     """Read every setting from ``environ`` (default: the process environment).
 
     Warns once per name (on the ``horovod`` logger) about ``HOROVOD_*`` variables that are no setting, naming the
-    closest setting, and about inert settings set to something else than their default. Reading the process's own
-    environment also applies the logging settings (:func:`configure_logging`).
+    closest setting, and about inert settings set to something else than their default, unless a Horovod launcher
+    started this worker (``HOROVOD_GLOO_RENDEZVOUS_ADDR``): the launcher reported them (:func:`report_variables`).
+    Reading the process's own environment also applies the logging settings (:func:`configure_logging`).
 
     Raises:
         HorovodConfigError: a variable is set to a value that does not parse; the message names both.
@@ -340,7 +348,8 @@ def load_config(environ: Optional[Mapping[str, str]] = None) -> Config:
             else setting.parse(text)
         if text is not None and text != "":
             explicit.add(setting.env)
-    _warn_once(env, frozenset(explicit))
+    if not env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):  # else a Horovod launcher started us and reported them
+        report_variables(env, frozenset(explicit))
     config = Config(**values, _explicit=frozenset(explicit))
     if environ is None:
         configure_logging(config)

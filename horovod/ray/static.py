@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import ray
 import ray.exceptions
 
+from horovod.common import config
 from horovod.ray.placement import static_slots
 from horovod.ray.strategy import BaseStrategy, ColocatedStrategy, PGStrategy
 from horovod.ray.utils import driver_address, job_extra_env, settings_env
@@ -97,6 +98,7 @@ class StaticAdapter:
         extra = job_extra_env(timeout, getattr(self.settings, "nics", None), extra_env_vars)
         launches = plan_launches(LaunchConfig((), tuple(self.slots), extra_env=extra),
                                  self._pool.serve(driver_address()), base_env=settings_env())
+        config.report_variables(launches[0].env)  # once here; the actors leave it to the driver
         if self.use_gpu:
             launches = _share_node_gpus(launches, self.workers)
         backend = RayBackend(place=lambda launch: self.workers[launch.rank],

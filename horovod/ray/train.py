@@ -78,6 +78,7 @@ class _HorovodBackend(Backend):
         extra = job_extra_env(backend_config.timeout_s, backend_config.nics, None)
         launches = plan_launches(LaunchConfig((), tuple(slots), extra_env=extra),
                                  self._pool.serve(driver_address()), base_env=settings_env())
+        config.report_variables(launches[0].env)  # once here; the actors leave it to the driver
         ray.get([worker_group.execute_single_async(launch.rank, _set_env, dict(launch.env)) for launch in launches])
 
     def on_shutdown(self, worker_group, backend_config: HorovodConfig) -> None:

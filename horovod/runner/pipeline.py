@@ -191,6 +191,8 @@ def run_job(launch: LaunchConfig, backend: Backend, rendezvous: Union[Rendezvous
     """
     log = (lambda text: print(text, file=stderr or sys.stderr, flush=True))
     launches = plan_launches(launch, rendezvous)
+    if launches:  # every worker gets the same variables but its place: one report for the job, not one per rank
+        config.report_variables(launches[0].env)
     sink = OutputSink(len(launches), stdout, stderr, launch.output_filename, launch.prefix_timestamp)
     if launch.verbose:  # on standard output, where Horovod's verbose launcher prints
         print("\n".join(describe_job(launches, rendezvous, backend.name)), file=stdout or sys.stdout, flush=True)

@@ -135,6 +135,7 @@ def run(fn, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None, num_pr
         agents = {a.info.index: a for a in job.wait_for_agents(num_proc)}
         slots, by_rank = plan_slots([a.info for a in agents.values()])
         launches = [WorkerLaunch(slot, _RUN_TASK, worker_env({}, slot, job.rendezvous, extra)) for slot in slots]
+        config.report_variables({**config.environ_snapshot(), **extra})  # the ranks leave it to the driver
         backend = SparkBackend(lambda launch: agents[by_rank[launch.rank]], executable, timeout)
         sink = OutputSink(num_proc, stdout, stderr, None, prefix_output_with_timestamp)
         result = _supervise(launches, backend, sink, verbose)

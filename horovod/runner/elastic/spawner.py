@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, List, Mapping, Sequence, Tuple
 
+from horovod.common import config
 from horovod.common.elastic_records import slot_key
 from horovod.runner.backends.base import Backend, WorkerLaunch
 from horovod.runner.hosts import SlotInfo
@@ -48,6 +49,7 @@ class ElasticSpawner:
         self.rendezvous_for = rendezvous_for
         self.base_env = dict(base_env)
         self.extra_env = {**extra_env, "HOROVOD_ELASTIC": "1"}
+        config.report_variables({**self.base_env, **self.extra_env})  # once, for every worker it will start
         self.grace_seconds = grace_seconds
 
     def spawn(self, slot: SlotInfo) -> int:

@@ -44,7 +44,8 @@ def _measure(model, batch, spec, losses, metrics) -> Tuple[torch.Tensor, List[fl
     inputs, labels = to_tensors(batch, spec)
     outputs = _outputs(model, inputs)
     loss = sum(fn(o, l) for fn, o, l in zip(losses, outputs, labels))
-    values = [float(m(outputs[0], labels[0])) for m in metrics]
+    with torch.no_grad():  # a metric is a number to report, not part of the graph
+        values = [float(m(outputs[0].detach(), labels[0])) for m in metrics]
     return loss, values, outputs
 
 
@@ -57,7 +58,7 @@ def _train_epoch(model, optimizer, reader: ShardReader, steps: int, spec, losses
         loss, values, outputs = _measure(model, batch, spec, losses, metrics)
         loss.backward()
         optimizer.step()
-        sums += [float(loss), *values]
+        sums += [float(loss.detach()), *values]
         shapes = shapes or [list(o.shape[1:]) for o in outputs]
     return hvd.allreduce(torch.from_numpy(sums / steps), op=hvd.Average, name="train_metrics").numpy(), shapes
 
