@@ -71,11 +71,8 @@ def _plan(plan, ops_for, agree, slowest, rank, size):
     return rows
 
 
-def horovod(plan) -> None:
-    import horovod.numpy as hvd
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-
+def horovod_ops(hvd, size):
+    """The plan's operations through ``horovod.numpy``: ``ops_for(op, nbytes)`` returns a callable running one."""
     def ops_for(op, nbytes):
         count = max(1, nbytes // 4)
         if op == "allreduce":
@@ -95,21 +92,29 @@ def horovod(plan) -> None:
             for h in handles:
                 h.result()
         return step
+    return ops_for
 
-    rows = _plan(plan, ops_for, lambda n: int(hvd.broadcast(np.array([n]), 0, name="iters")[0]),
-                 lambda t: float(hvd.allreduce(np.array([t]), op=hvd.Max, name="slowest")[0]), rank, size)
+
+def horovod_sync(hvd):
+    """``agree`` (rank 0's count, everywhere) and ``slowest`` (the largest value) through ``horovod.numpy``."""
+    return (lambda n: int(hvd.broadcast(np.array([n]), 0, name="iters")[0]),
+            lambda t: float(hvd.allreduce(np.array([t]), op=hvd.Max, name="slowest")[0]))
+
+
+def horovod(plan) -> None:
+    import horovod.numpy as hvd
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    rows = _plan(plan, horovod_ops(hvd, size), *horovod_sync(hvd), rank, size)
     if rank == 0:
         json.dump(rows, open(plan["out"], "w"))
     hvd.shutdown()
 
 
-def horovod_torch(plan) -> None:
-    """The same plan through ``horovod.torch`` (what torch users call): tensors, integer handles, ``synchronize``."""
+def horovod_torch_ops(hvd, size):
+    """The plan's operations through ``horovod.torch`` (what torch users call): tensors, integer handles,
+    ``synchronize``."""
     import torch
-    import horovod.torch as hvd
-    torch.set_num_threads(1)
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
 
     def ops_for(op, nbytes):
         count = max(1, nbytes // 4)
@@ -129,20 +134,31 @@ def horovod_torch(plan) -> None:
             for h in handles:
                 hvd.synchronize(h)
         return step
+    return ops_for
 
-    rows = _plan(plan, ops_for, lambda n: int(hvd.broadcast(torch.tensor([n]), 0, name="iters")[0]),
-                 lambda t: float(hvd.allreduce(torch.tensor([t], dtype=torch.float64), op=hvd.Max, name="slowest")[0]),
-                 rank, size)
+
+def horovod_torch_sync(hvd):
+    import torch
+    return (lambda n: int(hvd.broadcast(torch.tensor([n]), 0, name="iters")[0]),
+            lambda t: float(hvd.allreduce(torch.tensor([t], dtype=torch.float64), op=hvd.Max, name="slowest")[0]))
+
+
+def horovod_torch(plan) -> None:
+    """The same plan through ``horovod.torch``."""
+    import torch
+    import horovod.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    rows = _plan(plan, horovod_torch_ops(hvd, size), *horovod_torch_sync(hvd), rank, size)
     if rank == 0:
         json.dump(rows, open(plan["out"], "w"))
     hvd.shutdown()
 
 
-def gloo(rank: int, size: int, port: int, plan, addr: str = "127.0.0.1") -> None:
+def gloo_ops(dist, size):
+    """The plan's operations through ``torch.distributed`` (an initialized process group)."""
     import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)
 
     def ops_for(op, nbytes):
         count = max(1, nbytes // 4)
@@ -163,6 +179,11 @@ def gloo(rank: int, size: int, port: int, plan, addr: str = "127.0.0.1") -> None
             for w in works:
                 w.wait()
         return step
+    return ops_for
+
+
+def gloo_sync(dist):
+    import torch
 
     def agree(n):
         t = torch.tensor([n])
@@ -173,8 +194,15 @@ def gloo(rank: int, size: int, port: int, plan, addr: str = "127.0.0.1") -> None
         v = torch.tensor([t], dtype=torch.float64)
         dist.all_reduce(v, op=dist.ReduceOp.MAX)
         return float(v[0])
+    return agree, slowest
 
-    rows = _plan(plan, ops_for, agree, slowest, rank, size)
+
+def gloo(rank: int, size: int, port: int, plan, addr: str = "127.0.0.1") -> None:
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)
+    rows = _plan(plan, gloo_ops(dist, size), *gloo_sync(dist), rank, size)
     if rank == 0:
         json.dump(rows, open(plan["out"], "w"))
     dist.destroy_process_group()

@@ -1,0 +1,463 @@
+"""Cost against world size on one host: horovod-py beside torch.distributed (Gloo), in one run.
+
+    python bench/scale.py [--np 2,4,8,16,32,64] [--repeats 3] [--seconds 0.3] [--json FILE] [--results]
+
+For each np, ``--repeats`` times, alternating (horovod-py under ``horovodrun``, then Gloo ranks started here as
+subprocesses with MASTER_ADDR/MASTER_PORT), it measures: start-up to the first allreduce's result, the slowest rank's,
+from the launch (and how much of it came after the last rank finished importing its framework); 4 B and 1 MiB
+allreduce time and the step of 200 × 4 KiB allreduces (async, then wait), timed by bench/workers.py as
+bench/suite.py times them (the slowest rank's median); OS threads, file descriptors and max RSS per rank (the largest
+over ranks, at the end of the job); rank 0's CPU time per 4 B allreduce; and for horovod-py rank 0's CPU time per
+negotiation cycle (its process CPU over a loop of 4 B allreduces, and over a loop of steps, divided by the engine's
+cycles). Each figure is the median of the runs that completed.
+
+Prints a line per run as it starts and ends, then the table; writes JSON (``--json``), plots of each cost against np
+on log axes (``bench/figures/scale-*.png``, needs matplotlib) and, with ``--results``, the section "Scale across world
+sizes (one host)" of bench/RESULTS.md (text of that section outside its generated block is kept). Every run has a hard
+timeout (``--timeout``; by default it grows with np) and whatever it started is ended by pid when it finishes, fails
+or times out: this process is its descendants' subreaper, so a worker orphaned by its launcher is still found.
+"""
+
+from __future__ import annotations
+
+import time
+
+_STARTED = time.time()      # a worker's interpreter reached this script: before numpy, torch or horovod load
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import textwrap  # noqa: E402
+import threading  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+IMPLS = ("horovod-py", "torch-gloo")
+SECTION = "## Scale across world sizes (one host)"
+BEGIN, END = "<!-- bench/scale.py: begin (generated) -->", "<!-- bench/scale.py: end -->"
+
+# ----------------------------------------------------------------------------------------------------- the workers
+
+
+def _thread_cpu():
+    """CPU seconds so far of each of this process's threads, summed by name (Python's, else the kernel's)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick, spent = os.sysconf("SC_CLK_TCK"), {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                name = names.get(int(tid)) or comm.read().strip()
+        except OSError:
+            continue
+        spent[name] = spent.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick    # utime + stime
+    return spent
+
+
+def _cpu_loops(spec, ops_for, agree, cycles, ar4, step):
+    """Rank 0's process CPU (every thread) over a loop of 4 B allreduces and, where the engine counts cycles, over
+    a loop of steps: per op, and per negotiation cycle."""
+    import workers
+    seconds = spec["seconds"]
+    loops = [("4b", ops_for("allreduce", 4), agree(int(min(2000, max(20, seconds / ar4)))))]
+    if cycles is not None:      # (Gloo has no cycles to divide by, and its step takes seconds at 64 ranks)
+        loops.append(("step", ops_for("step", workers.STEP_BYTES), agree(int(min(200, max(3, seconds / step))))))
+    figures = {}
+    for name, run, iters in loops:
+        threads, cycle = _thread_cpu(), cycles() if cycles else 0
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(iters):
+            run()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        if name == "4b":        # CPU over wall: how many cores rank 0 keeps busy while it waits for small ops
+            figures.update(cpu_per_op_us=cpu / iters * 1e6, loop_per_op_us=wall / iters * 1e6)
+        figures[f"thread_cpu_{name}_us"] = {thread: (spent - threads.get(thread, 0.0)) / iters * 1e6
+                                            for thread, spent in _thread_cpu().items()}
+        if cycles is not None:
+            cycle = cycles() - cycle
+            figures[f"cpu_per_cycle_{name}_us"] = cpu / max(cycle, 1) * 1e6
+            figures["cycles_per_op" if name == "4b" else "cycles_per_step"] = cycle / iters
+    return figures
+
+
+def _measure(spec, ops_for, agree, slowest, vmax, cycles, rank, size, stamps):
+    """The timed rows (bench/workers.py), rank 0's CPU, then the per-rank counts; rank 0 writes the figures."""
+    import workers
+    plan = {"impl": spec["impl"], "ops": ["allreduce", "step"], "sizes": [4, 1 << 20], "max_bytes": 1 << 20,
+            "seconds": spec["seconds"]}
+    ar4, ar1m, step = (r["seconds"] for r in workers._plan(plan, ops_for, agree, slowest, rank, size))
+    figures = {"ar4_us": ar4 * 1e6, "ar1m_us": ar1m * 1e6, "step_ms": step * 1e3}
+    figures.update(_cpu_loops(spec, ops_for, agree, cycles, ar4, step))
+    counts = [len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd")), threading.active_count(),
+              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
+    worst = vmax([t - spec["launched"] for t in stamps] + counts)
+    keys = ["started_s", "imported_s", "inited_s", "first_s", "threads", "fds", "py_threads", "rss_mib"]
+    figures.update(zip(keys, worst))
+    if rank == 0:
+        with open(spec["out"], "w") as handle:
+            json.dump(figures, handle)
+
+
+def _worker_horovod(spec) -> None:
+    import numpy as np
+    import workers
+    if spec["binding"] == "torch":
+        import torch
+        import horovod.torch as hvd
+        torch.set_num_threads(1)
+        ops, sync = workers.horovod_torch_ops, workers.horovod_torch_sync
+
+        def tensor(values):
+            return torch.tensor(values, dtype=torch.float64)
+    else:
+        import horovod.numpy as hvd
+        ops, sync = workers.horovod_ops, workers.horovod_sync
+
+        def tensor(values):
+            return np.array(values, dtype=np.float64)
+    from horovod.runtime import basics
+    imported = time.time()
+    hvd.init()
+    inited = time.time()
+    rank, size = hvd.rank(), hvd.size()
+    out = hvd.allreduce(tensor([float(rank)] * 1024), name="first", op=hvd.Sum)
+    first = time.time()
+    assert float(out[0]) == size * (size - 1) / 2, out[:4]
+    engine = basics.engine()
+    _measure(spec, ops(hvd, size), *sync(hvd),
+             lambda v: [float(x) for x in hvd.allreduce(tensor(v), op=hvd.Max, name="figures")],
+             lambda: engine.cycles, rank, size, [_STARTED, imported, inited, first])
+    hvd.shutdown()
+
+
+def _worker_gloo(spec) -> None:
+    import workers
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    imported = time.time()
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size)
+    inited = time.time()
+    out = torch.full((1024,), float(rank), dtype=torch.float64)
+    dist.all_reduce(out)
+    first = time.time()
+    assert float(out[0]) == size * (size - 1) / 2, out[:4]
+
+    def vmax(values):
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [float(x) for x in t]
+    _measure(spec, workers.gloo_ops(dist, size), *workers.gloo_sync(dist), vmax, None, rank, size,
+             [_STARTED, imported, inited, first])
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------- launching runs
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (a worker whose launcher died) are re-parented to this process, where cleanup finds them."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)     # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _end_all(roots, grace: float = 5.0) -> int:
+    """End every process this one started (the launchers first, so they may clean up; then any descendant left, by
+    pid) and reap them; returns how many had to be ended."""
+    import psutil
+    ended = 0
+    for stage in range(3):
+        procs = psutil.Process().children(recursive=True)
+        if not procs:
+            break
+        targets = [p for p in procs if p.pid in {r.pid for r in roots}] if stage == 0 else procs
+        for proc in targets or procs:
+            try:
+                proc.terminate() if stage < 2 else proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        ended = max(ended, len(procs))
+        psutil.wait_procs(procs, timeout=grace if stage < 2 else 5)
+    for root in roots:
+        root.poll()
+    return ended
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _launch(impl, np_, spec, log, args):
+    import suite
+    worker = [sys.executable, os.path.abspath(__file__), "--worker", impl]
+    spec["launched"] = time.time()
+    if impl == "horovod-py":
+        cmd = [sys.executable, "-m", "horovod.runner", "-np", str(np_), *args.extra.split(), *worker, json.dumps(spec)]
+        return [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=suite._env(), start_new_session=True)]
+    env = dict(suite._env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(np_))
+    return [subprocess.Popen([*worker, json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT,
+                             env=dict(env, RANK=str(rank)), start_new_session=True) for rank in range(np_)]
+
+
+def run_one(impl, np_, args, tmp):
+    """One job of ``np_`` ranks; its figures, or ``{"error": ...}``. Nothing it started outlives it."""
+    out, log_path = os.path.join(tmp, f"{impl}-{np_}.json"), os.path.join(tmp, f"{impl}-{np_}.log")
+    if os.path.exists(out):
+        os.remove(out)
+    spec = {"impl": impl, "binding": args.binding, "seconds": args.seconds, "out": out}
+    timeout = args.timeout or 120 + 8 * np_
+    start = time.monotonic()
+    error = None
+    with open(log_path, "w") as log:
+        procs = _launch(impl, np_, spec, log, args)
+        try:
+            failed_at = None
+            while True:
+                codes = [p.poll() for p in procs]
+                if all(c is not None for c in codes):
+                    break
+                if failed_at is None and any(c not in (None, 0) for c in codes):
+                    failed_at = time.monotonic()     # a dead Gloo rank leaves its peers waiting 30 min: 5 s grace
+                if time.monotonic() - start > timeout or (failed_at and time.monotonic() - failed_at > 5):
+                    error = f"timed out after {timeout} s" if not failed_at else "a rank failed; the others were ended"
+                    break
+                time.sleep(0.1)
+        finally:
+            left = _end_all(procs)
+    wall = time.monotonic() - start
+    codes = [p.returncode for p in procs]
+    if error is None and (any(codes) or not os.path.exists(out)):
+        error = f"exit codes {sorted(set(codes))}"
+    if error:
+        with open(log_path) as handle:
+            tail = handle.read()[-3000:]
+        return {"error": error, "ended_processes": left, "wall_s": wall, "log_tail": tail}
+    with open(out) as handle:
+        figures = json.load(handle)
+    return dict(figures, wall_s=wall, ended_processes=left)
+
+
+# ------------------------------------------------------------------------------------------- reporting the figures
+
+COLUMNS = [  # key, heading, format; every cell is "horovod-py / Gloo"
+    ("first_s", "start-up to first result, s", "{:.2f}"),
+    ("after_import_s", "of it after the last import, s", "{:.2f}"),
+    ("ar4_us", "4 B allreduce, µs", "{:.0f}"),
+    ("ar1m_us", "1 MiB allreduce, µs", "{:.0f}"),
+    ("step_ms", "200 × 4 KiB step, ms", "{:.1f}"),
+    ("threads", "threads / rank", "{:.0f}"),
+    ("fds", "fds / rank", "{:.0f}"),
+    ("rss_mib", "max RSS / rank, MiB", "{:.0f}"),
+    ("cpu_per_op_us", "rank 0 CPU per 4 B op, µs", "{:.0f}"),
+]
+OURS_ONLY = [  # horovod-py's negotiation
+    ("cpu_per_cycle_4b_us", "rank 0 CPU per cycle (4 B loop), µs", "{:.0f}"),
+    ("cpu_per_cycle_step_us", "rank 0 CPU per cycle (step loop), µs", "{:.0f}"),
+    ("cycles_per_step", "cycles per step", "{:.2f}"),
+]
+PLOTS = [("startup", "first_s", "start-up to the first result (s)"), ("latency-4b", "ar4_us", "4 B allreduce (µs)"),
+         ("allreduce-1mib", "ar1m_us", "1 MiB allreduce (µs)"), ("step", "step_ms", "200 × 4 KiB step (ms)"),
+         ("threads", "threads", "OS threads per rank"), ("fds", "fds", "file descriptors per rank"),
+         ("rss", "rss_mib", "max RSS per rank (MiB)"), ("cpu-per-cycle", "cpu_per_cycle_4b_us",
+                                                        "rank 0 CPU per negotiation cycle, 4 B loop (µs)")]
+
+
+def medians(runs):
+    """{impl: {np: {key: median over the completed runs, "runs": how many}}}."""
+    table = {}
+    for impl in IMPLS:
+        for np_ in sorted({r["np"] for r in runs}):
+            done = [r["figures"] for r in runs if r["impl"] == impl and r["np"] == np_ and "error" not in r["figures"]]
+            for f in done:
+                f["after_import_s"] = f["first_s"] - f["imported_s"]
+            keys = {k for f in done for k, v in f.items() if isinstance(v, (int, float))}
+            row = {k: statistics.median(f[k] for f in done if k in f) for k in keys}
+            table.setdefault(impl, {})[np_] = dict(row, runs=len(done))
+    return table
+
+
+def markdown(table, nps) -> str:
+    ours, gloo = (table.get(i, {}) for i in IMPLS)
+
+    def cell(side, np_, key, fmt):
+        value = side.get(np_, {}).get(key)
+        return "failed" if value is None else fmt.format(value)
+    head = ["ranks"] + [h for _, h, _ in COLUMNS] + [h for _, h, _ in OURS_ONLY] + ["runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for np_ in nps:
+        cells = [str(np_)] + [f"{cell(ours, np_, k, f)} / {cell(gloo, np_, k, f)}" for k, _, f in COLUMNS]
+        cells += [cell(ours, np_, k, f) for k, _, f in OURS_ONLY]
+        cells.append(f"{ours.get(np_, {}).get('runs', 0)} / {gloo.get(np_, {}).get('runs', 0)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(table, nps, folder):
+    """One figure per cost against np, log axes; the names written, or the reason there are none."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return [], f"matplotlib is not installed ({exc}); pip install matplotlib"
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, key, label in PLOTS:
+        lines = {impl: [(n, table.get(impl, {}).get(n, {}).get(key)) for n in nps] for impl in IMPLS}
+        lines = {impl: [(n, v) for n, v in pts if v] for impl, pts in lines.items()}
+        if not any(lines.values()):
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for impl, pts in lines.items():
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.axvline(os.cpu_count(), color="grey", linestyle=":", label=f"{os.cpu_count()} cores")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(nps, [str(n) for n in nps])
+        ax.set_xlabel(f"ranks on one host ({os.cpu_count()} cores)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = os.path.join(folder, f"scale-{name}.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written, "" if written else "no run completed"
+
+
+def _meta(args):
+    import numpy
+    versions = {"python": platform.python_version(), "numpy": numpy.__version__}
+    try:
+        import torch
+        versions["torch"] = torch.__version__
+    except ImportError:
+        pass
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(), "cpu": model,
+            "load_at_start": os.getloadavg(), "commit": commit.strip(), "argv": sys.argv[1:], "versions": versions,
+            "binding": args.binding}
+
+
+def results_section(meta, text, repeats, plots) -> str:
+    """The generated block of bench/RESULTS.md's section: how the figures were made, the table, the plots."""
+    v, cores = meta["versions"], meta["cores"]
+    about = (
+        f"`python bench/scale.py {' '.join(meta['argv'])}` on {meta['date']} (commit {meta['commit']}): {cores} cores "
+        f"({meta['cpu']}), so oversubscribed above {cores} ranks; load average {meta['load_at_start'][0]:.1f} at the "
+        f"start; Python {v['python']}, numpy {v['numpy']}, torch {v.get('torch', '?')}. horovod-py: `horovodrun -np N` "
+        f"at default settings, ranks through `horovod.{meta['binding']}`; Gloo: `torch.distributed` ranks started as "
+        f"subprocesses with MASTER_ADDR/MASTER_PORT (`init_method=env://`). Each cell is horovod-py / Gloo, the median "
+        f"of up to {repeats} runs alternating ours then Gloo's (\"runs\" counts those that completed). Times are the "
+        f"slowest rank's; start-up is from the launch to the slowest rank's first allreduce result, and \"after the "
+        f"last import\" is the part of it after the last rank had imported its framework (numpy and horovod; torch). "
+        f"Threads (OS threads, /proc/self/task: ours include numpy's OpenBLAS thread), descriptors and max RSS are the "
+        f"largest over ranks at the end of the job; CPU figures are rank 0's process CPU (every thread) over a loop, "
+        f"per op or per negotiation cycle.")
+    shown = ", ".join(f"`{os.path.relpath(p, HERE)}`" for p in plots) if plots else "none (no matplotlib)"
+    return "\n".join([BEGIN, *textwrap.wrap(about, width=118, break_on_hyphens=False), "", text, "",
+                      f"Plots: {shown}", END])
+
+
+def write_results(path, block) -> None:
+    """Replace the generated block of the section (or append the section); text around the block is kept."""
+    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
+    if SECTION in text:
+        start = text.index(SECTION)
+        nxt = text.find("\n## ", start + len(SECTION))
+        end = len(text) if nxt < 0 else nxt + 1
+        body = text[start:end]
+        if BEGIN in body and END in body:
+            body = body[:body.index(BEGIN)] + block + body[body.index(END) + len(END):]
+        else:
+            body = f"{SECTION}\n\n{block}\n\n"
+        text = text[:start] + body + text[end:]
+    else:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def _summary(figures) -> str:
+    if "error" in figures:
+        return f"FAILED ({figures['error']}, {figures['wall_s']:.0f} s)"
+    return (f"{figures['wall_s']:.1f} s: first result {figures['first_s']:.2f} s, 4 B {figures['ar4_us']:.0f} us, "
+            f"1 MiB {figures['ar1m_us']:.0f} us, step {figures['step_ms']:.1f} ms, {figures['threads']:.0f} threads, "
+            f"{figures['fds']:.0f} fds, {figures['rss_mib']:.0f} MiB")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", default="2,4,8,16,32,64", help="world sizes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per np and framework (median)")
+    parser.add_argument("--seconds", type=float, default=0.3, help="timed seconds per figure (at least 3 iterations)")
+    parser.add_argument("--timeout", type=float, default=0, help="hard limit per run, s (default 120 + 8 × np)")
+    parser.add_argument("--budget", type=float, default=0,
+                        help="minutes: an np's next repeat is skipped when it would end past it (default: none)")
+    parser.add_argument("--binding", choices=["numpy", "torch"], default="numpy", help="horovod-py's ranks use it")
+    parser.add_argument("--extra", default="", help="more horovodrun flags, space-separated")
+    parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-results.json"))
+    parser.add_argument("--figures", default=os.path.join(HERE, "figures"), help="folder for scale-*.png")
+    parser.add_argument("--results", action="store_true", help="write the section of bench/RESULTS.md")
+    args = parser.parse_args(argv)
+    nps = [int(n) for n in args.np.split(",")]
+    _become_subreaper()
+    meta, runs, begun = _meta(args), [], time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        for np_ in nps:
+            pair = 0.0
+            for repeat in range(args.repeats):
+                spent, pair_began = (time.monotonic() - begun) / 60, time.monotonic()
+                if repeat and args.budget and spent + pair > args.budget:
+                    print(f"[np {np_}] {args.repeats - repeat} more runs of {pair:.1f} min would pass the budget of "
+                          f"{args.budget:.0f} min ({spent:.1f} spent): {repeat} of {args.repeats} runs",
+                          file=sys.stderr, flush=True)
+                    break
+                for impl in IMPLS:
+                    label = f"[np {np_}] {impl} run {repeat + 1}/{args.repeats}"
+                    print(f"{label}: starting", file=sys.stderr, flush=True)
+                    figures = run_one(impl, np_, args, tmp)
+                    print(f"{label}: {_summary(figures)}", file=sys.stderr, flush=True)
+                    if "error" in figures:
+                        print(figures["log_tail"][-1500:], file=sys.stderr, flush=True)
+                    runs.append({"impl": impl, "np": np_, "repeat": repeat, "figures": figures})
+                pair = (time.monotonic() - pair_began) / 60
+    table = medians(runs)
+    text = markdown(table, nps)
+    print(text)
+    plots, why = plot(table, nps, args.figures)
+    print(f"plots: {', '.join(plots)}" if plots else f"plots skipped: {why}", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as handle:
+        json.dump({"meta": meta, "medians": table, "runs": runs}, handle, indent=1)
+    if args.results:
+        write_results(os.path.join(HERE, "RESULTS.md"), results_section(meta, text, args.repeats, plots))
+        print(f"wrote the section '{SECTION[3:]}' of bench/RESULTS.md")
+    return 0 if all("error" not in r["figures"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        {"horovod-py": _worker_horovod, "torch-gloo": _worker_gloo}[sys.argv[2]](json.loads(sys.argv[3]))
+    else:
+        sys.exit(main())
