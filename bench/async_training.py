@@ -34,6 +34,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from horovod.testing.netns import NetnsCluster, unavailable_reason  # noqa: E402
+import plotting  # noqa: E402  (bench/ is a folder of scripts)
 
 EXAMPLE = os.path.join(ROOT, "examples", "pytorch_async_digits.py")
 FIGURES = os.path.join(HERE, "figures")
@@ -113,9 +114,9 @@ def pair_wait(exchanges: int = 40, sleep_s: float = 2.0):
 
 
 def plot(results, path, title):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt, why = plotting.pyplot()
+    if plt is None:
+        return plotting.say_skipped(path, why)
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode in MODES:
         curve = results[mode]["curve"]

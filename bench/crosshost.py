@@ -33,13 +33,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
-from suite import busbw, human  # noqa: E402  (bench/ is a folder of scripts)
+import plotting  # noqa: E402  (bench/ is a folder of scripts)
+from suite import busbw, human  # noqa: E402
 from horovod.testing.netns import NetnsCluster, unavailable_reason  # noqa: E402
 
 SIZES = [4, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
@@ -216,13 +218,10 @@ def table(record, op):
     return "\n".join(lines)
 
 
-def plot(record, path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+def plot(record, path) -> Optional[str]:
+    plt, why = plotting.pyplot()
+    if plt is None:
+        return plotting.say_skipped(path, why)
     fig, ax = plt.subplots(figsize=(8, 5))
     for impl, rows in record["results"].items():
         pts = [(r["bytes"], busbw("allreduce", r["bytes"], r["seconds"], record["ranks"])) for r in rows
@@ -239,7 +238,7 @@ def plot(record, path) -> bool:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    return True
+    return None
 
 
 def main() -> None:

@@ -7,9 +7,10 @@ Runs, for each implementation (horovod-py through ``horovod.numpy``, and through
 ``mpi4py`` are installed — on Debian: ``apt-get install openmpi-bin libopenmpi-dev`` then ``pip install mpi4py``):
 allreduce latency and bus bandwidth from 4 B up to ``--max-mib``, allgather and broadcast bandwidth, and the
 "200 × 4 KiB allreduces, one step" figure; then (unless ``--no-e2e``) the end-to-end synthetic benchmark against
-DistributedDataParallel (bench/torch_ddp_vs_horovod.py). Writes ``<out>/suite.json``, ``<out>/suite.md`` (the
-tables, with the ratios the performance targets are stated in) and ``<out>/busbw.png`` (bus bandwidth against size,
-one line per implementation; needs matplotlib).
+DistributedDataParallel (bench/torch_ddp_vs_horovod.py, about a minute; its lines are shown as they come). Writes
+``<out>/suite.json``, ``<out>/suite.md`` (the tables, with the ratios the performance targets are stated in) and
+``<out>/busbw.png`` (bus bandwidth against size, one line per implementation; without matplotlib the run says it
+skipped the figure).
 
 Bus bandwidth follows nccl-tests: allreduce algbw × 2(n−1)/n; allgather algbw × (n−1)/n (algbw over the gathered
 size); broadcast algbw. These are benchmarks, not tests: nothing here asserts on time.
@@ -25,12 +26,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-import workers  # noqa: E402  (bench/ is a folder of scripts, not a package)
+import plotting  # noqa: E402  (bench/ is a folder of scripts, not a package)
+import workers  # noqa: E402
 
 OPS = ["allreduce", "allgather", "broadcast", "step"]
 
@@ -134,13 +137,11 @@ def tables(results, np_):
     return "\n".join(lines)
 
 
-def plot(results, np_, path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+def plot(results, np_, path) -> Optional[str]:
+    """Bus bandwidth against size, one line per implementation, to ``path``; None, or why it was skipped (said)."""
+    plt, why = plotting.pyplot()
+    if plt is None:
+        return plotting.say_skipped(path, why)
     fig, ax = plt.subplots(figsize=(8, 5))
     for impl, rows in results.items():
         pts = [(r["bytes"], busbw("allreduce", r["bytes"], r["seconds"], np_)) for r in rows
@@ -154,7 +155,28 @@ def plot(results, np_, path) -> bool:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    return True
+    return None
+
+
+E2E_SCRIPT = os.path.join(HERE, "torch_ddp_vs_horovod.py")
+
+
+def end_to_end(np_: int, echo: Optional[Callable[[str], None]] = None, timeout: float = 3600) -> str:
+    """Run the end-to-end comparison (:data:`E2E_SCRIPT`), echoing each of its lines as it comes (on standard error
+    by default: a round takes tens of seconds), and return its output for the report."""
+    echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+    echo(f"end to end: {os.path.basename(E2E_SCRIPT)} --np {np_} (a few rounds of horovod-py and DDP, about a "
+         f"minute) ...")
+    lines = []
+    with subprocess.Popen([sys.executable, "-u", E2E_SCRIPT, "--np", str(np_)], env=_env(), stdout=subprocess.PIPE,
+                          text=True) as proc:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            echo("  " + lines[-1])
+        proc.wait(timeout=timeout)
+    if proc.returncode != 0:
+        echo(f"end to end: exited with status {proc.returncode}")
+    return "\n".join(lines).strip()
 
 
 def best_of(previous, rows):
@@ -193,17 +215,15 @@ def main() -> None:
                 results[impl] = best_of(results.get(impl), runner(plan, args.np))
     text = tables(results, args.np)
     e2e = None
-    if not args.no_e2e and os.path.exists(os.path.join(HERE, "torch_ddp_vs_horovod.py")):
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "torch_ddp_vs_horovod.py"), "--np", str(args.np)],
-                              env=_env(), capture_output=True, text=True, timeout=3600)
-        e2e = proc.stdout.strip()
+    if not args.no_e2e and os.path.exists(E2E_SCRIPT):
+        e2e = end_to_end(args.np)
         text += "\n\n### end to end: synthetic benchmark vs DistributedDataParallel\n\n```\n" + e2e + "\n```\n"
     print(text)
     with open(os.path.join(args.out, "suite.md"), "w") as handle:
         handle.write(text + "\n")
     with open(os.path.join(args.out, "suite.json"), "w") as handle:
         json.dump({"np": args.np, "results": results, "e2e": e2e}, handle, indent=1)
-    if plot(results, args.np, os.path.join(args.out, "busbw.png")):
+    if plot(results, args.np, os.path.join(args.out, "busbw.png")) is None:
         print(f"plot: {os.path.join(args.out, 'busbw.png')}")
 
 

@@ -1,10 +1,14 @@
 """Say a thing once, show progress on long work, say what was skipped and why (issue 31, "noise").
 
 An unknown ``HOROVOD_*`` variable is reported once, by the launcher, when a launcher started the job (its workers
-inherit the same environment; tier cli); a worker with no Horovod launcher still reports it itself (tier unit)."""
+inherit the same environment; tier cli); a worker with no Horovod launcher still reports it itself (tier unit). The
+torch estimator's ranks warn of nothing. The benchmark suite shows the end-to-end comparison's lines as they come,
+and says which figure it skipped for want of matplotlib."""
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +86,39 @@ def test_the_torch_estimators_training_warns_of_nothing():
     from horovod.testing import spawn_ranks
     first, second = spawn_ranks(_train_an_epoch_with_warnings_as_errors, 2, timeout=120)
     assert first == second and len(first) == 2  # the loss and the metric, averaged over the ranks
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def suite(monkeypatch):
+    """bench/suite.py as a module (bench/ is a folder of scripts)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import importlib
+    return importlib.import_module("suite")
+
+
+@pytest.mark.unit
+def test_the_suites_end_to_end_comparison_shows_each_line_as_it_comes(suite, monkeypatch, tmp_path):
+    # It ran for a minute with its output captured: nothing on the screen until the end.
+    script = tmp_path / "e2e.py"
+    script.write_text("import sys, time\nprint('round 1: 100 img/sec', flush=True)\ntime.sleep(1.5)\n"
+                      "print('ratio horovod-py / DDP: 1.00')\n")
+    monkeypatch.setattr(suite, "E2E_SCRIPT", str(script))
+    heard = []
+    text = suite.end_to_end(2, echo=lambda line: heard.append((time.monotonic(), line)))
+    assert text == "round 1: 100 img/sec\nratio horovod-py / DDP: 1.00"
+    assert "about a minute" in heard[0][1]  # what is running, before it runs
+    (first, _), (last, _) = [h for h in heard if "round 1" in h[1]][0], heard[-1]
+    assert last - first > 1.0  # the first round's line came when it was printed, not at the end
+
+
+@pytest.mark.unit
+def test_a_figure_skipped_for_want_of_matplotlib_says_so(suite, monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    rows = {"horovod-py": [{"op": "allreduce", "bytes": 4, "seconds": 1e-3}]}
+    why = suite.plot(rows, 2, str(tmp_path / "busbw.png"))
+    assert why and "matplotlib is not installed" in why
+    assert f"figure {tmp_path / 'busbw.png'} skipped: matplotlib is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "busbw.png").exists()
