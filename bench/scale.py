@@ -9,7 +9,8 @@ allreduce time and the step of 200 × 4 KiB allreduces (async, then wait), timed
 bench/suite.py times them (the slowest rank's median); OS threads, file descriptors and max RSS per rank (the largest
 over ranks, at the end of the job); rank 0's CPU time per 4 B allreduce; and for horovod-py rank 0's CPU time per
 negotiation cycle (its process CPU over a loop of 4 B allreduces, and over a loop of steps, divided by the engine's
-cycles). Each figure is the median of the runs that completed.
+cycles). Above 8 ranks a figure is timed after one warm-up op over at least one op, not two and three (Gloo's step
+takes seconds there). Each figure is the median of the runs that completed.
 
 Prints a line per run as it starts and ends, then the table; writes JSON (``--json``), plots of each cost against np
 on log axes (``bench/figures/scale-*.png``, needs matplotlib) and, with ``--results``, the section "Scale across world
@@ -94,7 +95,7 @@ def _measure(spec, ops_for, agree, slowest, vmax, cycles, rank, size, stamps):
     """The timed rows (bench/workers.py), rank 0's CPU, then the per-rank counts; rank 0 writes the figures."""
     import workers
     plan = {"impl": spec["impl"], "ops": ["allreduce", "step"], "sizes": [4, 1 << 20], "max_bytes": 1 << 20,
-            "seconds": spec["seconds"]}
+            "seconds": spec["seconds"], "warmups": 2 if size <= 8 else 1, "min_iters": 3 if size <= 8 else 1}
     ar4, ar1m, step = (r["seconds"] for r in workers._plan(plan, ops_for, agree, slowest, rank, size))
     figures = {"ar4_us": ar4 * 1e6, "ar1m_us": ar1m * 1e6, "step_ms": step * 1e3}
     figures.update(_cpu_loops(spec, ops_for, agree, cycles, ar4, step))

@@ -39,32 +39,35 @@ def _median_of(run, iters: int) -> float:
     return float(np.median(times))
 
 
-def _measure(run, seconds: float, agree, slowest) -> float:
-    run()
-    run()
+def _measure(run, seconds: float, agree, slowest, warmups: int = 2, min_iters: int = 3) -> float:
+    for _ in range(warmups):
+        run()
     start = time.perf_counter()
     run()
     one = max(time.perf_counter() - start, 1e-7)
-    iters = agree(int(min(1000, max(3, seconds / one))))
+    iters = agree(int(min(1000, max(min_iters, seconds / one))))
     return slowest(_median_of(run, iters))
 
 
 def _plan(plan, ops_for, agree, slowest, rank, size):
     rows = []
+    # "warmups" and "min_iters" (2 and 3 unless the plan says): fewer where one op takes seconds (bench/scale.py)
+    counts = {k: plan[k] for k in ("warmups", "min_iters") if k in plan}
     for op in plan["ops"]:
         if op == "model":
             run = ops_for("model", 0)
             rows.append({"op": "model", "bytes": 4 * sum(MODEL_TENSORS),
-                         "seconds": _measure(run, plan["seconds"], agree, slowest)})
+                         "seconds": _measure(run, plan["seconds"], agree, slowest, **counts)})
             continue
         if op == "step":
             run = ops_for("step", STEP_BYTES)
             rows.append({"op": "step", "bytes": STEP_TENSORS * STEP_BYTES,
-                         "seconds": _measure(run, plan["seconds"], agree, slowest)})
+                         "seconds": _measure(run, plan["seconds"], agree, slowest, **counts)})
             continue
         for nbytes in sizes(plan["max_bytes"], listed=plan.get("sizes")):
             run = ops_for(op, nbytes)
-            rows.append({"op": op, "bytes": nbytes, "seconds": _measure(run, plan["seconds"], agree, slowest)})
+            seconds = _measure(run, plan["seconds"], agree, slowest, **counts)
+            rows.append({"op": op, "bytes": nbytes, "seconds": seconds})
             if rank == 0:
                 print(f"  {plan['impl']} {op} {nbytes} B: {rows[-1]['seconds'] * 1e6:.0f} us", file=sys.stderr,
                       flush=True)
