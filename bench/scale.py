@@ -311,12 +311,12 @@ def markdown(table, nps) -> str:
 
 def plot(table, nps, folder):
     """One figure per cost against np, log axes; the names written, or the reason there are none."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        return [], f"matplotlib is not installed ({exc}); pip install matplotlib"
+    import plotting
+    plt, why = plotting.pyplot()
+    if plt is None:
+        for name, _, _ in PLOTS:
+            plotting.say_skipped(os.path.join(folder, f"scale-{name}.png"), why)
+        return [], why
     os.makedirs(folder, exist_ok=True)
     written = []
     for name, key, label in PLOTS:
@@ -360,7 +360,7 @@ def _meta(args):
             "binding": args.binding}
 
 
-def results_section(meta, text, repeats, plots) -> str:
+def results_section(meta, text, repeats, plots, why="") -> str:
     """The generated block of bench/RESULTS.md's section: how the figures were made, the table, the plots."""
     v, cores = meta["versions"], meta["cores"]
     about = (
@@ -375,7 +375,7 @@ def results_section(meta, text, repeats, plots) -> str:
         f"Threads (OS threads, /proc/self/task: ours include numpy's OpenBLAS thread), descriptors and max RSS are the "
         f"largest over ranks at the end of the job; CPU figures are rank 0's process CPU (every thread) over a loop, "
         f"per op or per negotiation cycle.")
-    shown = ", ".join(f"`{os.path.relpath(p, HERE)}`" for p in plots) if plots else "none (no matplotlib)"
+    shown = ", ".join(f"`{os.path.relpath(p, HERE)}`" for p in plots) if plots else f"none ({why})"
     return "\n".join([BEGIN, *textwrap.wrap(about, width=118, break_on_hyphens=False), "", text, "",
                       f"Plots: {shown}", END])
 
@@ -452,7 +452,7 @@ def main(argv=None) -> int:
     with open(args.json, "w") as handle:
         json.dump({"meta": meta, "medians": table, "runs": runs}, handle, indent=1)
     if args.results:
-        write_results(os.path.join(HERE, "RESULTS.md"), results_section(meta, text, args.repeats, plots))
+        write_results(os.path.join(HERE, "RESULTS.md"), results_section(meta, text, args.repeats, plots, why))
         print(f"wrote the section '{SECTION[3:]}' of bench/RESULTS.md")
     return 0 if all("error" not in r["figures"] for r in runs) else 1
 
