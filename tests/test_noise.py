@@ -122,3 +122,32 @@ def test_a_figure_skipped_for_want_of_matplotlib_says_so(suite, monkeypatch, cap
     assert why and "matplotlib is not installed" in why
     assert f"figure {tmp_path / 'busbw.png'} skipped: matplotlib is not installed" in capsys.readouterr().err
     assert not (tmp_path / "busbw.png").exists()
+
+
+@pytest.mark.unit
+def test_the_elastic_drivers_wait_for_hosts_counts_down():
+    # It said "waiting up to 60s for 2 slot(s)" once, then nothing until the timeout.
+    from horovod.runner.elastic.discovery import FixedHosts
+    from horovod.runner.elastic.driver import ElasticSettings
+    from horovod.runner.elastic.job import ElasticJob
+    from horovod.runner.hosts import HostInfo
+    from horovod.runner.rendezvous import KVStore
+
+    class Spawner:
+        def exits(self, timeout):
+            return []
+
+        def close(self):
+            pass
+
+    clock = iter(float(t) for t in range(1000))
+    said = []
+    job = ElasticJob(ElasticSettings(min_np=2, elastic_timeout=60), FixedHosts([HostInfo("a", 1)]), Spawner(),
+                     KVStore(), clock=lambda: next(clock), log=said.append, discovery_interval=1.0)
+    code, message = job.run()
+    assert code == 1 and "Timed out waiting" in message
+    assert said[0] == "waiting up to 60s for 2 slot(s); 1 available now (a:1)"
+    countdown = [line for line in said if line.startswith("still waiting")]
+    assert countdown[0] == "still waiting for 2 slot(s): 1 available (a:1); 54s left of 60s"
+    lefts = [int(line.split("; ")[1].split("s left")[0]) for line in countdown]
+    assert lefts == sorted(lefts, reverse=True) and 5 <= len(lefts) <= 12 and lefts[-1] <= 6

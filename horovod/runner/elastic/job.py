@@ -62,6 +62,7 @@ class ElasticJob:
         self.failures: List[WorkerExit] = []
         self.first_failure: Optional[WorkerExit] = None
         self.waiting_since: Optional[float] = None
+        self._wait_said = float("-inf")   # when the wait for slots was last reported
         self.notified_plan = None
         self.interrupted_by: Optional[int] = None
         self._failed_at: Optional[float] = None
@@ -223,6 +224,24 @@ class ElasticJob:
             self.log(action.message.rstrip("\n"))
         return action.exit_code, action.message
 
+    def _note_wait(self, action, now: float) -> None:
+        """Say when the job starts waiting for slots, then count down: what is there and how long is left, every
+        tenth of the elastic timeout (1 s to 30 s apart)."""
+        if not (isinstance(action, Wait) and action.for_slots):
+            self.waiting_since = None
+            return
+        available = self._available(now)
+        have = f"{sum(h.slots for h in available)} available"
+        hosts = f" ({', '.join(f'{h.hostname}:{h.slots}' for h in available)})" if available else ""
+        timeout, needed = self.settings.elastic_timeout, self.settings.min_np
+        if self.waiting_since is None:
+            self.waiting_since = self._wait_said = now
+            self.log(f"waiting up to {timeout:g}s for {needed} slot(s); {have} now{hosts}")
+        elif now - self._wait_said >= min(30.0, max(1.0, timeout / 10)):
+            self._wait_said = now
+            left = max(0.0, timeout - (now - self.waiting_since))
+            self.log(f"still waiting for {needed} slot(s): {have}{hosts}; {left:.0f}s left of {timeout:g}s")
+
     def step(self) -> Optional[Tuple[int, str]]:
         """One observe-decide-act round; returns the job's ``(exit_code, message)`` when it has ended."""
         now = self.clock()
@@ -235,12 +254,7 @@ class ElasticJob:
         self._read_ready()
         self._notify_host_updates(self._available(now))
         action = decide(self.view(now), self.settings)
-        if isinstance(action, Wait) and action.for_slots:
-            if self.waiting_since is None:
-                self.waiting_since = now
-                self.log(f"waiting up to {self.settings.elastic_timeout:g}s for {self.settings.min_np} slot(s)")
-        else:
-            self.waiting_since = None
+        self._note_wait(action, now)
         if isinstance(action, Stop):
             return self._finish(action)
         if isinstance(action, Spawn):
