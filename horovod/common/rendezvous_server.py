@@ -36,6 +36,7 @@ import hashlib
 import hmac
 import http.client
 import math
+import re
 import selectors
 import socket
 import threading
@@ -52,6 +53,9 @@ __all__ = ["KVStore", "RendezvousServer", "REQUEST_SECONDS", "MAX_UNAUTHENTICATE
 REQUEST_SECONDS = 10.0          # a request's line, headers and body arrive within this, however slowly
 MAX_UNAUTHENTICATED = 128       # connections waiting to authenticate at once; past it the oldest is closed
 _MAX_HEAD_BYTES = 64 * 1024
+_MAX_LINE_BYTES = 8 * 1024
+_REQUEST_LINE = re.compile(rb"^[A-Z]{1,16} /[!-~]* HTTP/1\.[01]\r$")
+_METHOD_SO_FAR = re.compile(rb"^(?:[A-Z]{1,16} |[A-Z]{0,16}$)")      # what a request's first bytes can be
 _GRACE_SECONDS = 1.0            # a connection this young is not yet a stranger holding a slot
 _HARD_CAP = 8192                # connections authenticating at once, however young
 
@@ -111,10 +115,8 @@ class _Loop:
                             pass
                     except OSError:
                         pass
-                elif events & selectors.EVENT_WRITE:
-                    self._write(key.data)
                 else:
-                    self._read(key.data)
+                    self._serve(key.data, events)
             self._answer_parked()
             now = time.monotonic()
             for conn in [c for c in self.unauthenticated if c.deadline <= now]:
@@ -125,6 +127,16 @@ class _Loop:
         self.selector.close()
         self.wake_r.close()
         self.wake_w.close()
+
+    def _serve(self, conn: _Conn, events: int) -> None:
+        """Move one connection on; whatever a client sends, it may cost its own connection, never the loop."""
+        try:
+            if events & selectors.EVENT_WRITE:
+                self._write(conn)
+            else:
+                self._read(conn)
+        except Exception:  # a request no rule foresaw: drop it, serve the others
+            self._close(conn)
 
     def _accept(self) -> None:
         for _ in range(256):
@@ -146,7 +158,7 @@ class _Loop:
             conn = _Conn(sock, now + REQUEST_SECONDS)
             self.unauthenticated[conn] = None
             self.selector.register(sock, selectors.EVENT_READ, conn)
-            self._read(conn)        # a worker's whole request is usually here already
+            self._serve(conn, selectors.EVENT_READ)    # a worker's whole request is usually here already
 
     def _close(self, conn: _Conn) -> None:
         self.unauthenticated.pop(conn, None)
@@ -172,8 +184,12 @@ class _Loop:
         if conn.head is None:
             end = conn.inbox.find(b"\r\n\r\n")
             if end < 0:
-                if len(conn.inbox) > _MAX_HEAD_BYTES:
+                line_end = conn.inbox.find(b"\n")
+                if len(conn.inbox) > _MAX_HEAD_BYTES or (line_end < 0 and len(conn.inbox) > _MAX_LINE_BYTES):
                     self._reply(conn, 400, b"request head too large")
+                elif (line_end >= 0 and not _REQUEST_LINE.match(bytes(conn.inbox[:line_end]))) \
+                        or not _METHOD_SO_FAR.match(bytes(conn.inbox[:17])):
+                    self._reply(conn, 400, b"malformed request line")     # garbage: answered at once
                 return
             if not self._parse_head(conn, bytes(conn.inbox[:end]).decode("latin-1")):
                 return
@@ -207,7 +223,7 @@ class _Loop:
         nonce, signature = headers.get("x-horovod-nonce", ""), headers.get("x-horovod-auth", "")
         digest, stamp = headers.get("x-horovod-body-digest", ""), headers.get("x-horovod-time", "")
         expected = sign_digest(self.secret, method, path, nonce, digest, stamp)
-        if not nonce or len(digest) != 64 or not hmac.compare_digest(signature, expected):
+        if not nonce or len(digest) != 64 or not hmac.compare_digest(signature.encode("latin-1"), expected.encode()):
             self._reply(conn, 403, b"forbidden")
             return False
         try:
@@ -226,7 +242,8 @@ class _Loop:
 
     def _dispatch(self, conn: _Conn, body: bytes) -> None:
         method, path, headers = conn.head
-        if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), headers.get("x-horovod-body-digest", "")):
+        if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(),
+                                   headers.get("x-horovod-body-digest", "").encode("latin-1")):
             return self._reply(conn, 403, b"body does not match its signed digest")
         self.unauthenticated.pop(conn, None)     # authenticated: a GET may now wait for its key
         url = urllib.parse.urlsplit(path)

@@ -267,10 +267,18 @@ class MeshSetup:
 
     def _dial_any(self, peer: int, deadline: float) -> Optional[socket.socket]:
         """A connection to ``peer`` that it kept, or None when it kept its own dial to us instead."""
-        try:
-            return self._dial_either(peer, deadline)
-        except OSError as exc:
-            raise self._dial_error(peer, self._addresses.get(peer, ("?", 0)), exc) from None
+        while True:
+            try:
+                return self._dial_either(peer, deadline)
+            except _HandshakeCut as cut:
+                # Cut before the verdict (a crowd of strangers on the peer's listener evicted it, or a reset): a
+                # real peer dials again until the deadline; a dead one refuses the next dial.
+                if time.monotonic() >= deadline:
+                    raise self._fail(peer, cut.error) from None
+                self._check_abandoned()
+                time.sleep(0.05)
+            except OSError as exc:
+                raise self._dial_error(peer, self._addresses.get(peer, ("?", 0)), exc) from None
 
     def _dial_either(self, peer: int, deadline: float) -> Optional[socket.socket]:
         name = self._unix_names.get(peer)
@@ -313,7 +321,7 @@ class MeshSetup:
             verdict = wire.recv_by(sock, 1, deadline)
         except (OSError, ConnectionError) as exc:
             sock.close()
-            raise self._fail(peer, exc) from None
+            raise _HandshakeCut(exc) from None
         except BaseException:
             sock.close()
             raise
@@ -332,6 +340,14 @@ class MeshSetup:
     def _where(self, peer: int) -> str:
         host = self.hostnames[peer] if 0 <= peer < len(self.hostnames) else ""
         return f"rank {peer} on host {host}" if host else f"rank {peer}"
+
+
+class _HandshakeCut(Exception):
+    """A dialled connection failed before the acceptor's verdict."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _backlog(size: int) -> int:
