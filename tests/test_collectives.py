@@ -44,6 +44,17 @@ def test_every_op_dtype_shape_matches_numpy(world_size, transport):
         assert failures == [], f"rank {rank}: {failures[:10]}"
 
 
+@pytest.mark.ranks
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [8, 32])
+def test_every_op_at_larger_world_sizes_with_default_settings(world_size):
+    # Defaults: the star at 8 ranks, the tree (and start-up records down it) at 32; 32 ranks share 2 cores here.
+    results = spawn_ranks(_all_checks, world_size, timeout=600, env=SMALL_FUSION)
+    for rank, (count, failures) in enumerate(results):
+        assert count > 300, f"rank {rank} ran only {count} checks"
+        assert failures == [], f"rank {rank}: {failures[:10]}"
+
+
 @pytest.mark.cli
 def test_under_horovodrun_three_ranks():
     proc = run_horovodrun(["-np", "3", "--fusion-threshold-mb", "0", sys.executable,

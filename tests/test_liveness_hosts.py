@@ -166,3 +166,42 @@ def test_sigkill_of_horovodrun_leaves_no_worker_alive_on_any_host(cluster, tmp_p
         print(f"every worker gone {time.monotonic() - killed_at:.1f} s after SIGKILL of horovodrun")
     finally:
         _finish(proc, 5)
+
+
+@pytest.mark.slow
+def test_cut_link_at_8_hosts_every_survivor_names_the_lost_host_and_horovodrun_exits_within_15_s(tmp_path):
+    """24 ranks over 8 hosts (tree negotiation, connections on demand): most survivors hold no connection to the
+    cut host and learn of it from a neighbour; each still names a rank of the lost host."""
+    (tmp_path / "loop.py").write_text(LOOP)
+    with NetnsCluster(8) as cluster:
+        hosts, slots, cut = cluster.hosts, 3, cluster.hosts[5]
+        size = len(hosts) * slots
+        proc = _launch(cluster, ["-np", str(size), "-H", ",".join(f"{h.address}:{slots}" for h in hosts),
+                                 sys.executable, "loop.py", str(tmp_path)], tmp_path)
+        try:
+            _wait_for(lambda: all((tmp_path / f"ready.{r}").exists() for r in range(size))
+                      or proc.poll() is not None, 120, "every rank to run allreduces")
+            assert proc.poll() is None, proc.communicate()
+            down_at = time.time()
+            cluster.set_link(cut, up=False)
+            try:
+                _, err = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                pytest.fail("horovodrun still ran 15 s after the link went down")
+            ended = time.time() - down_at
+        finally:
+            cluster.set_link(cut, up=True)
+            if proc.poll() is None:
+                _finish(proc, 1)
+        print(f"horovodrun exited {ended:.1f} s after the link went down")
+        lost = range(5 * slots, 6 * slots)
+        survivors = [r for r in range(size) if r not in lost]
+        for rank in survivors:
+            path = tmp_path / f"error.{rank}"
+            assert path.exists(), f"rank {rank} did not report an error; launcher stderr:\n{err[-3000:]}"
+            when, message = path.read_text().split(" ", 1)
+            assert float(when) - down_at < 12, f"rank {rank} erred {float(when) - down_at:.1f} s after link down"
+            assert f"on host {cut.address} was lost" in message, (rank, message)
+        assert re.search(rf"Root cause: rank 1[5-7] on {re.escape(cut.address)} was lost", err), err[-3000:]
+        for host in hosts:
+            _wait_for(lambda: not cluster.worker_pids(host), 15, f"the processes on {host.address} to end")
