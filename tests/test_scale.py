@@ -113,8 +113,14 @@ import os, signal, sys
 import numpy as np
 import horovod.numpy as hvd
 hvd.init()
-for i in range(3):
-    hvd.allreduce(np.ones(16), name=f"warm.{i}")
+n = hvd.size()
+for step in range(4):       # cached names after the first step, and new ones every step
+    for i in range(3):
+        out = hvd.allreduce(np.full(64, float(hvd.rank())), name=f"grad.{i}", op=hvd.Sum)
+        assert np.allclose(out, n * (n - 1) / 2), out[:3]
+    out = hvd.allreduce(np.ones(1 << 16), name=f"new.{step}", op=hvd.Sum)
+    assert np.allclose(out, n)
+print(f"rank {hvd.rank()}: correct", flush=True)
 if hvd.rank() == int(sys.argv[1]):
     os.kill(os.getpid(), signal.SIGKILL)
 try:
@@ -128,13 +134,14 @@ except Exception as exc:
 
 @pytest.mark.cli
 @pytest.mark.slow
-def test_every_survivor_of_a_killed_rank_names_it_though_most_never_talked_to_it(tmp_path):
-    size, victim = 24, 13
+def test_64_ranks_negotiate_reduce_correctly_and_every_survivor_of_a_killed_rank_names_it(tmp_path):
+    size, victim = 64, 37
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
-    proc = run_horovodrun(["-np", str(size), sys.executable, str(script), str(victim)], timeout=180,
+    proc = run_horovodrun(["-np", str(size), sys.executable, str(script), str(victim)], timeout=240,
                           env={"HOROVOD_SHM_DISABLE": "1"})
     assert proc.returncode != 0
+    assert all(f"rank {rank}: correct" in proc.stdout for rank in range(size)), proc.stdout[-3000:]
     for rank in range(size):
         if rank != victim:
             assert f"survivor {rank}: HorovodInternalError: Horovod failed on rank {rank}: rank {victim} on host " \
