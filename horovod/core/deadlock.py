@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["DeadlockWatch", "describe"]
+__all__ = ["DEADLOCK_PREFIX", "DeadlockWatch", "describe"]
+
+DEADLOCK_PREFIX = "Deadlock: "
 
 
 class DeadlockWatch:
@@ -78,7 +80,7 @@ def describe(by_rank: Mapping[int, Sequence[str]], ranks: Sequence[int], joined:
     ranks), the joined ranks, and what to do."""
     listing = "; ".join(f"rank {ranks[i]} waits for {', '.join(sorted(names))}" for i, names in sorted(by_rank.items()))
     gone = sorted(ranks[i] for i in joined)
-    return (f"Deadlock: for {waited:.0f} s every rank of the process set that has not joined has been waiting for "
+    return (f"{DEADLOCK_PREFIX}for {waited:.0f} s every rank of the process set that has not joined has been waiting for "
             f"collectives that no other rank submitted ({listing}" + (f"; ranks {gone} have joined" if gone else "")
             + "). Every rank must submit the same names; unnamed collectives are numbered in submission order on "
             "each rank, so a rank that skipped one (e.g. before a join) shifts its names: name them.")

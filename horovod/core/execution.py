@@ -9,12 +9,17 @@ the order they ran, identically on every rank.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import traceback
 from typing import Any, Callable, Dict, List, Optional
 
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OP_NAMES, OpType, Response, nbytes
 from horovod.core import fusion
 from horovod.core.controller import FATAL_ERROR
+from horovod.core.deadlock import DEADLOCK_PREFIX
 from horovod.core.negotiation.base import Batch
 from horovod.core.negotiation.inline import allreduce_contributions
 from horovod.core.ops import Buffers, Entry, execute
@@ -48,7 +53,10 @@ class Executor:
             entries = {name: state.entries[name] for name in response.names if name in state.entries}
         if response.op == OpType.ERROR:
             fatal = response.payload == (FATAL_ERROR,)
-            complete(state, entries, error=(HorovodInternalError if fatal else TensorMismatchError)(response.error))
+            text = response.error
+            if text.startswith(DEADLOCK_PREFIX):
+                text += "\n" + _thread_stacks()      # every rank raises it with its own stacks: all of them shown
+            complete(state, entries, error=(HorovodInternalError if fatal else TensorMismatchError)(text))
             return
         if response.op == OpType.JOIN:
             self.joined = False
@@ -76,6 +84,17 @@ class Executor:
         executed.extend(batch.responses)
         if self._count_bytes and response.op == OpType.ALLREDUCE:
             self.cycle_bytes += sum(nbytes(response.dtype, shape) for shape in response.shapes)
+
+
+def _thread_stacks() -> str:
+    """This process's Python threads and where each one is (a line per frame, outermost first), for a deadlock's
+    error: the caller blocked in the collective is among them (it may be running the loop itself)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = [f"Stacks of this rank's process (pid {os.getpid()} on {os.uname().nodename}):"]
+    for ident, frame in sys._current_frames().items():
+        parts.append(f"  thread {names.get(ident, ident)}:")
+        parts.extend(f"    {entry.filename}:{entry.lineno} in {entry.name}" for entry in traceback.extract_stack(frame))
+    return "\n".join(parts)
 
 
 def complete(state: SetState, entries: Dict[str, Entry], results: Optional[Dict[str, Any]] = None,
