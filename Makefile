@@ -13,7 +13,7 @@ DEMO := $(if $(wildcard examples/pytorch_digits.py),examples/pytorch_digits.py,e
 DEMO_EXTRAS := examples
 TEST_EXTRAS := test,examples,tensorflow,jax,ray,spark
 
-.PHONY: venv demo-venv test demo clean sysdeps
+.PHONY: venv demo-venv test soak demo clean sysdeps
 
 venv: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ sysdeps:
 
 test: venv sysdeps
 	$(BIN)/python -m pytest -q tests
+
+# Repeated trials of the tests that hunt rare failures (one trial each runs in make test).
+soak: venv sysdeps
+	HVD_SOAK_REPEATS=20 HVD_SOAK_HOGS=1 $(BIN)/python -m pytest -q tests/test_error_soak.py
+	for i in 1 2 3; do $(BIN)/python -m pytest -q tests/test_scale.py tests/elastic/test_elastic_scale.py || exit 1; done
 
 demo: demo-venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" horovodrun -np 2 python $(DEMO)
