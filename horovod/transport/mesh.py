@@ -126,6 +126,7 @@ class MeshSetup:
         raise NotImplementedError
 
     def broken_error(self) -> HorovodInternalError:
+        """The error every call raises once the transport failed (the transport's)."""
         raise NotImplementedError
 
     def _check_abandoned(self) -> None:

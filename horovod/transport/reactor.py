@@ -162,6 +162,7 @@ class Reactor(threading.Thread):
             pass        # a wake-up is already waiting, or the thread is gone
 
     def run(self) -> None:
+        """Serve the listeners, handshakes and queued sends until :meth:`stop`."""
         try:
             while not self._stopped:
                 timeout = None

@@ -176,6 +176,7 @@ def parse_hello(data: bytes):
 
 def proof(secret: bytes, role: bytes, dialer_nonce: bytes, acceptor_nonce: bytes, dialer_rank: int,
            acceptor_rank: int, purpose: int) -> bytes:
+    """One side's HMAC proof of the job secret over both nonces, both ranks, its role and the purpose."""
     # The role and both ranks are bound into the proof, so a proof obtained from one connection (or from the other
     # direction of the handshake) is worthless on any other: no reflection of a peer's own answer.
     message = role + dialer_nonce + acceptor_nonce + struct.pack("!iii", dialer_rank, acceptor_rank, purpose)

@@ -49,6 +49,7 @@ class HostChannel:
     # -- output and exits ----------------------------------------------------------------------------------------
 
     def attach(self, rank: int, deliver: Deliver) -> None:
+        """Deliver ``rank``'s output lines to ``deliver`` from now on, first those held until now."""
         with self._lock:
             self._deliver[rank] = deliver
             held, self._held[rank] = self._held.get(rank, []), []
@@ -121,6 +122,7 @@ class HostChannel:
     # -- control -------------------------------------------------------------------------------------------------
 
     def notify(self, rank: int, callback: Callable[[int], None]) -> None:
+        """Call ``callback(returncode)`` once ``rank`` exited (at once if it has)."""
         with self._lock:
             self._on_exit[rank] = callback
             code = self.exits.get(rank)
@@ -128,6 +130,7 @@ class HostChannel:
             callback(code)
 
     def wait(self, rank: int, timeout: Optional[float]) -> Optional[int]:
+        """``rank``'s exit status once it exited, waiting up to ``timeout`` seconds; None if it still runs."""
         with self._lock:
             self._lock.wait_for(lambda: rank in self.exits, timeout)
             return self.exits.get(rank)
