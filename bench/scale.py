@@ -14,7 +14,8 @@ takes seconds there). Each figure is the median of the runs that completed.
 
 Prints a line per run as it starts and ends, then the table; writes JSON (``--json``), plots of each cost against np
 on log axes (``bench/figures/scale-*.png``, needs matplotlib) and, with ``--results``, the section "Scale across world
-sizes (one host)" of bench/RESULTS.md (text of that section outside its generated block is kept). Every run has a hard
+sizes (one host)" of bench/RESULTS.md (text of that section outside its generated block is kept); ``--from-json``
+redraws all three from a saved run (bench/scale_report.py). Every run has a hard
 timeout (``--timeout``; by default it grows with np) and whatever it started is ended by pid when it finishes, fails
 or times out: this process is its descendants' subreaper, so a worker orphaned by its launcher is still found.
 """
@@ -31,20 +32,17 @@ import os  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
 import socket  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import textwrap  # noqa: E402
 import threading  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-IMPLS = ("horovod-py", "torch-gloo")
-SECTION = "## Scale across world sizes (one host)"
-BEGIN, END = "<!-- bench/scale.py: begin (generated) -->", "<!-- bench/scale.py: end -->"
+from scale_report import IMPLS, SECTION, markdown, medians, plot, results_section, write_results  # noqa: E402
+
 
 # ----------------------------------------------------------------------------------------------------- the workers
 
@@ -254,96 +252,6 @@ def run_one(impl, np_, args, tmp):
     return dict(figures, wall_s=wall, ended_processes=left)
 
 
-# ------------------------------------------------------------------------------------------- reporting the figures
-
-COLUMNS = [  # key, heading, format; every cell is "horovod-py / Gloo"
-    ("first_s", "start-up to first result, s", "{:.2f}"),
-    ("after_import_s", "of it after the last import, s", "{:.2f}"),
-    ("ar4_us", "4 B allreduce, µs", "{:.0f}"),
-    ("ar1m_us", "1 MiB allreduce, µs", "{:.0f}"),
-    ("step_ms", "200 × 4 KiB step, ms", "{:.1f}"),
-    ("threads", "threads / rank", "{:.0f}"),
-    ("fds", "fds / rank", "{:.0f}"),
-    ("rss_mib", "max RSS / rank, MiB", "{:.0f}"),
-    ("cpu_per_op_us", "rank 0 CPU per 4 B op, µs", "{:.0f}"),
-]
-OURS_ONLY = [  # horovod-py's negotiation
-    ("cpu_per_cycle_4b_us", "rank 0 CPU per cycle (4 B loop), µs", "{:.0f}"),
-    ("cpu_per_cycle_step_us", "rank 0 CPU per cycle (step loop), µs", "{:.0f}"),
-    ("cycles_per_step", "cycles per step", "{:.2f}"),
-]
-PLOTS = [("startup", "first_s", "start-up to the first result (s)"), ("latency-4b", "ar4_us", "4 B allreduce (µs)"),
-         ("allreduce-1mib", "ar1m_us", "1 MiB allreduce (µs)"), ("step", "step_ms", "200 × 4 KiB step (ms)"),
-         ("threads", "threads", "OS threads per rank"), ("fds", "fds", "file descriptors per rank"),
-         ("rss", "rss_mib", "max RSS per rank (MiB)"), ("cpu-per-cycle", "cpu_per_cycle_4b_us",
-                                                        "rank 0 CPU per negotiation cycle, 4 B loop (µs)")]
-
-
-def medians(runs):
-    """{impl: {np: {key: median over the completed runs, "runs": how many}}}."""
-    table = {}
-    for impl in IMPLS:
-        for np_ in sorted({r["np"] for r in runs}):
-            done = [r["figures"] for r in runs if r["impl"] == impl and r["np"] == np_ and "error" not in r["figures"]]
-            for f in done:
-                f["after_import_s"] = f["first_s"] - f["imported_s"]
-            keys = {k for f in done for k, v in f.items() if isinstance(v, (int, float))}
-            row = {k: statistics.median(f[k] for f in done if k in f) for k in keys}
-            table.setdefault(impl, {})[np_] = dict(row, runs=len(done))
-    return table
-
-
-def markdown(table, nps) -> str:
-    ours, gloo = (table.get(i, {}) for i in IMPLS)
-
-    def cell(side, np_, key, fmt):
-        value = side.get(np_, {}).get(key)
-        return "failed" if value is None else fmt.format(value)
-    head = ["ranks"] + [h for _, h, _ in COLUMNS] + [h for _, h, _ in OURS_ONLY] + ["runs"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for np_ in nps:
-        cells = [str(np_)] + [f"{cell(ours, np_, k, f)} / {cell(gloo, np_, k, f)}" for k, _, f in COLUMNS]
-        cells += [cell(ours, np_, k, f) for k, _, f in OURS_ONLY]
-        cells.append(f"{ours.get(np_, {}).get('runs', 0)} / {gloo.get(np_, {}).get('runs', 0)}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot(table, nps, folder):
-    """One figure per cost against np, log axes; the names written, or the reason there are none."""
-    import plotting
-    plt, why = plotting.pyplot()
-    if plt is None:
-        for name, _, _ in PLOTS:
-            plotting.say_skipped(os.path.join(folder, f"scale-{name}.png"), why)
-        return [], why
-    os.makedirs(folder, exist_ok=True)
-    written = []
-    for name, key, label in PLOTS:
-        lines = {impl: [(n, table.get(impl, {}).get(n, {}).get(key)) for n in nps] for impl in IMPLS}
-        lines = {impl: [(n, v) for n, v in pts if v] for impl, pts in lines.items()}
-        if not any(lines.values()):
-            continue
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for impl, pts in lines.items():
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
-        ax.axvline(os.cpu_count(), color="grey", linestyle=":", label=f"{os.cpu_count()} cores")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(nps, [str(n) for n in nps])
-        ax.set_xlabel(f"ranks on one host ({os.cpu_count()} cores)")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        path = os.path.join(folder, f"scale-{name}.png")
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
-    return written, "" if written else "no run completed"
-
-
 def _meta(args):
     import numpy
     versions = {"python": platform.python_version(), "numpy": numpy.__version__}
@@ -357,46 +265,7 @@ def _meta(args):
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(), "cpu": model,
             "load_at_start": os.getloadavg(), "commit": commit.strip(), "argv": sys.argv[1:], "versions": versions,
-            "binding": args.binding}
-
-
-def results_section(meta, text, repeats, plots, why="") -> str:
-    """The generated block of bench/RESULTS.md's section: how the figures were made, the table, the plots."""
-    v, cores = meta["versions"], meta["cores"]
-    about = (
-        f"`python bench/scale.py {' '.join(meta['argv'])}` on {meta['date']} (commit {meta['commit']}): {cores} cores "
-        f"({meta['cpu']}), so oversubscribed above {cores} ranks; load average {meta['load_at_start'][0]:.1f} at the "
-        f"start; Python {v['python']}, numpy {v['numpy']}, torch {v.get('torch', '?')}. horovod-py: `horovodrun -np N` "
-        f"at default settings, ranks through `horovod.{meta['binding']}`; Gloo: `torch.distributed` ranks started as "
-        f"subprocesses with MASTER_ADDR/MASTER_PORT (`init_method=env://`). Each cell is horovod-py / Gloo, the median "
-        f"of up to {repeats} runs alternating ours then Gloo's (\"runs\" counts those that completed). Times are the "
-        f"slowest rank's; start-up is from the launch to the slowest rank's first allreduce result, and \"after the "
-        f"last import\" is the part of it after the last rank had imported its framework (numpy and horovod; torch). "
-        f"Threads (OS threads, /proc/self/task: ours include numpy's OpenBLAS thread), descriptors and max RSS are the "
-        f"largest over ranks at the end of the job; CPU figures are rank 0's process CPU (every thread) over a loop, "
-        f"per op or per negotiation cycle.")
-    shown = ", ".join(f"`{os.path.relpath(p, HERE)}`" for p in plots) if plots else f"none ({why})"
-    return "\n".join([BEGIN, *textwrap.wrap(about, width=118, break_on_hyphens=False), "", text, "",
-                      f"Plots: {shown}", END])
-
-
-def write_results(path, block) -> None:
-    """Replace the generated block of the section (or append the section); text around the block is kept."""
-    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        end = len(text) if nxt < 0 else nxt + 1
-        body = text[start:end]
-        if BEGIN in body and END in body:
-            body = body[:body.index(BEGIN)] + block + body[body.index(END) + len(END):]
-        else:
-            body = f"{SECTION}\n\n{block}\n\n"
-        text = text[:start] + body + text[end:]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    with open(path, "w") as handle:
-        handle.write(text)
+            "binding": args.binding, "repeats": args.repeats}
 
 
 def _summary(figures) -> str:
@@ -407,23 +276,10 @@ def _summary(figures) -> str:
             f"{figures['fds']:.0f} fds, {figures['rss_mib']:.0f} MiB")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--np", default="2,4,8,16,32,64", help="world sizes, comma-separated")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per np and framework (median)")
-    parser.add_argument("--seconds", type=float, default=0.3, help="timed seconds per figure (at least 3 iterations)")
-    parser.add_argument("--timeout", type=float, default=0, help="hard limit per run, s (default 120 + 8 × np)")
-    parser.add_argument("--budget", type=float, default=0,
-                        help="minutes: an np's next repeat is skipped when it would end past it (default: none)")
-    parser.add_argument("--binding", choices=["numpy", "torch"], default="numpy", help="horovod-py's ranks use it")
-    parser.add_argument("--extra", default="", help="more horovodrun flags, space-separated")
-    parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-results.json"))
-    parser.add_argument("--figures", default=os.path.join(HERE, "figures"), help="folder for scale-*.png")
-    parser.add_argument("--results", action="store_true", help="write the section of bench/RESULTS.md")
-    args = parser.parse_args(argv)
-    nps = [int(n) for n in args.np.split(",")]
+def measure(args, nps):
+    """Every run, alternating frameworks, ``args.repeats`` times per np (fewer past ``args.budget``)."""
     _become_subreaper()
-    meta, runs, begun = _meta(args), [], time.monotonic()
+    runs, begun = [], time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for np_ in nps:
             pair = 0.0
@@ -443,16 +299,47 @@ def main(argv=None) -> int:
                         print(figures["log_tail"][-1500:], file=sys.stderr, flush=True)
                     runs.append({"impl": impl, "np": np_, "repeat": repeat, "figures": figures})
                 pair = (time.monotonic() - pair_began) / 60
+    return runs
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", default="2,4,8,16,32,64", help="world sizes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per np and framework (median)")
+    parser.add_argument("--seconds", type=float, default=0.3, help="timed seconds per figure (at least 3 iterations)")
+    parser.add_argument("--timeout", type=float, default=0, help="hard limit per run, s (default 120 + 8 × np)")
+    parser.add_argument("--budget", type=float, default=0,
+                        help="minutes: an np's next repeat is skipped when it would end past it (default: none)")
+    parser.add_argument("--binding", choices=["numpy", "torch"], default="numpy", help="horovod-py's ranks use it")
+    parser.add_argument("--extra", default="", help="more horovodrun flags, space-separated")
+    parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-results.json"))
+    parser.add_argument("--figures", default=os.path.join(HERE, "figures"), help="folder for scale-*.png")
+    parser.add_argument("--results", action="store_true", help="write the section of bench/RESULTS.md")
+    parser.add_argument("--from-json", action="store_true",
+                        help="measure nothing: the table, plots and section from the runs in --json")
+    args = parser.parse_args(argv)
+    if args.from_json:
+        with open(args.json) as handle:
+            saved = json.load(handle)
+        meta, runs = saved["meta"], saved["runs"]
+        nps = sorted({r["np"] for r in runs})
+    else:
+        nps = [int(n) for n in args.np.split(",")]
+        meta = _meta(args)
+        runs = measure(args, nps)
+        meta["load_at_end"] = os.getloadavg()
     table = medians(runs)
     text = markdown(table, nps)
     print(text)
     plots, why = plot(table, nps, args.figures)
     print(f"plots: {', '.join(plots)}" if plots else f"plots skipped: {why}", flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as handle:
-        json.dump({"meta": meta, "medians": table, "runs": runs}, handle, indent=1)
+    if not args.from_json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as handle:
+            json.dump({"meta": meta, "medians": table, "runs": runs}, handle, indent=1)
     if args.results:
-        write_results(os.path.join(HERE, "RESULTS.md"), results_section(meta, text, args.repeats, plots, why))
+        repeats = meta.get("repeats") or max(r["repeat"] for r in runs) + 1
+        write_results(os.path.join(HERE, "RESULTS.md"), results_section(meta, text, repeats, plots, why))
         print(f"wrote the section '{SECTION[3:]}' of bench/RESULTS.md")
     return 0 if all("error" not in r["figures"] for r in runs) else 1
 

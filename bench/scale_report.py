@@ -1,0 +1,140 @@
+"""bench/scale.py's report: the medians of its runs, the markdown table, the plots against world size and the
+section of bench/RESULTS.md. Pure functions of the runs (``python bench/scale.py --from-json`` redraws them all).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+IMPLS = ("horovod-py", "torch-gloo")
+SECTION = "## Scale across world sizes (one host)"
+BEGIN, END = "<!-- bench/scale.py: begin (generated) -->", "<!-- bench/scale.py: end -->"
+
+COLUMNS = [  # key, heading, format; every cell is "horovod-py / Gloo"
+    ("first_s", "start-up to first result, s", "{:.2f}"),
+    ("after_import_s", "of it after the last import, s", "{:.2f}"),
+    ("ar4_us", "4 B allreduce, µs", "{:.0f}"),
+    ("ar1m_us", "1 MiB allreduce, µs", "{:.0f}"),
+    ("step_ms", "200 × 4 KiB step, ms", "{:.1f}"),
+    ("threads", "threads / rank", "{:.0f}"),
+    ("fds", "fds / rank", "{:.0f}"),
+    ("rss_mib", "max RSS / rank, MiB", "{:.0f}"),
+    ("cpu_per_op_us", "rank 0 CPU per 4 B op, µs", "{:.0f}"),
+]
+OURS_ONLY = [  # horovod-py's negotiation
+    ("cpu_per_cycle_4b_us", "rank 0 CPU per cycle (4 B loop), µs", "{:.0f}"),
+    ("cpu_per_cycle_step_us", "rank 0 CPU per cycle (step loop), µs", "{:.0f}"),
+    ("cycles_per_step", "cycles per step", "{:.2f}"),
+]
+PLOTS = [("startup", "first_s", "start-up to the first result (s)"), ("latency-4b", "ar4_us", "4 B allreduce (µs)"),
+         ("allreduce-1mib", "ar1m_us", "1 MiB allreduce (µs)"), ("step", "step_ms", "200 × 4 KiB step (ms)"),
+         ("threads", "threads", "OS threads per rank"), ("fds", "fds", "file descriptors per rank"),
+         ("rss", "rss_mib", "max RSS per rank (MiB)"), ("cpu-per-cycle", "cpu_per_cycle_4b_us",
+                                                        "rank 0 CPU per negotiation cycle, 4 B loop (µs)")]
+
+
+def medians(runs):
+    """{impl: {np: {key: median over the completed runs, "runs": how many}}}."""
+    table = {}
+    for impl in IMPLS:
+        for np_ in sorted({r["np"] for r in runs}):
+            done = [r["figures"] for r in runs if r["impl"] == impl and r["np"] == np_ and "error" not in r["figures"]]
+            for f in done:
+                f["after_import_s"] = f["first_s"] - f["imported_s"]
+            keys = {k for f in done for k, v in f.items() if isinstance(v, (int, float))}
+            row = {k: statistics.median(f[k] for f in done if k in f) for k in keys}
+            table.setdefault(impl, {})[np_] = dict(row, runs=len(done))
+    return table
+
+
+def markdown(table, nps) -> str:
+    ours, gloo = (table.get(i, {}) for i in IMPLS)
+
+    def cell(side, np_, key, fmt):
+        value = side.get(np_, {}).get(key)
+        return "failed" if value is None else fmt.format(value)
+    head = ["ranks"] + [h for _, h, _ in COLUMNS] + [h for _, h, _ in OURS_ONLY] + ["runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for np_ in nps:
+        cells = [str(np_)] + [f"{cell(ours, np_, k, f)} / {cell(gloo, np_, k, f)}" for k, _, f in COLUMNS]
+        cells += [cell(ours, np_, k, f) for k, _, f in OURS_ONLY]
+        cells.append(f"{ours.get(np_, {}).get('runs', 0)} / {gloo.get(np_, {}).get('runs', 0)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(table, nps, folder):
+    """One figure per cost against np, log axes; the names written, or the reason there are none."""
+    import plotting
+    plt, why = plotting.pyplot()
+    if plt is None:
+        for name, _, _ in PLOTS:
+            plotting.say_skipped(os.path.join(folder, f"scale-{name}.png"), why)
+        return [], why
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, key, label in PLOTS:
+        lines = {impl: [(n, table.get(impl, {}).get(n, {}).get(key)) for n in nps] for impl in IMPLS}
+        lines = {impl: [(n, v) for n, v in pts if v] for impl, pts in lines.items()}
+        if not any(lines.values()):
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for impl, pts in lines.items():
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.axvline(os.cpu_count(), color="grey", linestyle=":", label=f"{os.cpu_count()} cores")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(nps, [str(n) for n in nps])
+        ax.set_xlabel(f"ranks on one host ({os.cpu_count()} cores)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = os.path.join(folder, f"scale-{name}.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written, "" if written else "no run completed"
+
+
+def results_section(meta, text, repeats, plots, why="") -> str:
+    """The generated block of bench/RESULTS.md's section: how the figures were made, the table, the plots."""
+    v, cores, load = meta["versions"], meta["cores"], meta["load_at_start"][0]
+    about = (
+        f"`python bench/scale.py {' '.join(meta['argv'])}` on {meta['date']} (commit {meta['commit']}): {cores} cores "
+        f"({meta['cpu']}), so oversubscribed above {cores} ranks; 1-minute load average {load:.1f} when it started; "
+        f"Python {v['python']}, numpy {v['numpy']}, torch {v.get('torch', '?')}. horovod-py: `horovodrun -np N` "
+        f"at default settings, ranks through `horovod.{meta['binding']}`; Gloo: `torch.distributed` ranks started as "
+        f"subprocesses with MASTER_ADDR/MASTER_PORT (`init_method=env://`). Each cell is horovod-py / Gloo, the median "
+        f"of up to {repeats} runs alternating ours then Gloo's (\"runs\" counts those that completed). Times are the "
+        f"slowest rank's; start-up is from the launch to the slowest rank's first allreduce result, and \"after the "
+        f"last import\" is the part of it after the last rank had imported its framework (numpy and horovod; torch). "
+        f"Threads (OS threads, /proc/self/task: ours include numpy's OpenBLAS thread), descriptors and max RSS are the "
+        f"largest over ranks at the end of the job; CPU figures are rank 0's process CPU (every thread) over a loop, "
+        f"per op or per negotiation cycle.")
+    shown = ", ".join(f"`{os.path.relpath(p, HERE)}`" for p in plots) if plots else f"none ({why})"
+    return "\n".join([BEGIN, *textwrap.wrap(about, width=118, break_on_hyphens=False), "", text, "",
+                      *textwrap.wrap(f"Plots: {shown}.", width=118), END])
+
+
+def write_results(path, block) -> None:
+    """Replace the generated block of the section (or append the section); text around the block is kept."""
+    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
+    if SECTION in text:
+        start = text.index(SECTION)
+        nxt = text.find("\n## ", start + len(SECTION))
+        end = len(text) if nxt < 0 else nxt + 1
+        body = text[start:end]
+        if BEGIN in body and END in body:
+            body = body[:body.index(BEGIN)] + block + body[body.index(END) + len(END):]
+        else:
+            body = f"{SECTION}\n\n{block}\n\n"
+        text = text[:start] + body + text[end:]
+    else:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
+    with open(path, "w") as handle:
+        handle.write(text)
