@@ -112,36 +112,30 @@ class RendezvousClient:
 
     def get(self, scope: str, key: str, timeout: Optional[float] = None) -> bytes:
         """Wait up to ``timeout`` seconds (default: the client's) for the key; raises RendezvousError after."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while True:
-            wait = max(0.0, min(MAX_WAIT_SECONDS, deadline - time.monotonic()))
-            # The server answers after ``wait`` at the latest; a little grace for a loaded launcher, never more.
-            status, body = self._request("GET", self._path("kv", scope, key) + f"?wait={wait:.3f}",
-                                         deadline=time.monotonic() + wait + _REPLY_GRACE_SECONDS)
-            if status == 200:
-                return body
-            if status != 404:
-                self._check(status, body, f"GET {scope}/{key}")
-            if time.monotonic() >= deadline:
-                raise RendezvousError(f"timed out after {timeout if timeout is not None else self.timeout:.1f}s "
-                                      f"waiting for rendezvous key {scope}/{key}")
+        return self._long_poll(self._path("kv", scope, key) + "?", timeout, _REPLY_GRACE_SECONDS,
+                               f"rendezvous key {scope}/{key}")
 
     def get_all(self, scope: str, count: int, timeout: Optional[float] = None,
                 grace: float = _REPLY_GRACE_SECONDS) -> Dict[str, bytes]:
         """Every key and value of ``scope`` once it holds ``count`` keys, waiting up to ``timeout`` seconds (default:
         the client's), plus ``grace`` for the server's answer; raises RendezvousError after."""
+        return unpack_items(self._long_poll(self._path("all", scope) + f"?count={int(count)}&", timeout, grace,
+                                            f"{count} keys in rendezvous scope {scope}"))
+
+    def _long_poll(self, path: str, timeout: Optional[float], grace: float, what: str) -> bytes:
+        """GET ``path`` with ``wait=`` appended until it answers 200, within ``timeout``; 404 means not yet."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             wait = max(0.0, min(MAX_WAIT_SECONDS, deadline - time.monotonic()))
-            status, body = self._request("GET", self._path("all", scope) + f"?count={int(count)}&wait={wait:.3f}",
-                                         deadline=time.monotonic() + wait + grace)
+            # The server answers after ``wait`` at the latest; a little grace for a loaded launcher, never more.
+            status, body = self._request("GET", path + f"wait={wait:.3f}", deadline=time.monotonic() + wait + grace)
             if status == 200:
-                return unpack_items(body)
+                return body
             if status != 404:
-                self._check(status, body, f"GET all of {scope}")
+                self._check(status, body, f"GET {path}")
             if time.monotonic() >= deadline:
                 raise RendezvousError(f"timed out after {timeout if timeout is not None else self.timeout:.1f}s "
-                                      f"waiting for {count} keys in rendezvous scope {scope}")
+                                      f"waiting for {what}")
 
     def try_get(self, scope: str, key: str) -> Optional[bytes]:
         """The value of ``scope/key`` now, or None if there is none (no waiting)."""

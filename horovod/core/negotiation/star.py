@@ -23,7 +23,7 @@ from horovod.core.set_state import SetState
 
 log = logging.getLogger("horovod")
 
-__all__ = ["StarNegotiation", "StarRoot", "StarFollower", "GO", "ANNOUNCED_POLL_SECONDS"]
+__all__ = ["StarNegotiation", "StarRoot", "StarFollower", "GO", "ANNOUNCED_POLL_SECONDS", "decode_reply"]
 
 GO = ("go",)
 ANNOUNCED_POLL_SECONDS = 0.01   # rank 0 looks again this often while a follower's early message waits for a cycle
@@ -43,6 +43,22 @@ def _is_want(frame) -> bool:
 
 def _encode(response: Response, bit: Optional[int]):
     return response.to_wire() if bit is None else bit
+
+
+def decode_reply(state: SetState, reply) -> Tuple[bool, List[Batch]]:
+    """A coordinator's reply (``(shutdown, batches)``, cached responses as bits) as the batches to execute.
+
+    Raises:
+        HorovodInternalError: the reply is malformed or names a bit this rank's cache does not hold.
+    """
+    if not _is_reply(reply):
+        raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
+    try:
+        batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
+                   for batch in reply[1]]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
+    return bool(reply[0]), plain_batches(batches)
 
 
 def _message(state: SetState, shutdown: bool) -> tuple:
@@ -68,14 +84,7 @@ class StarNegotiation(Negotiation):
             transport.send_obj(coordinator, _message(state, shutdown))
         if reply is None:
             reply = transport.recv_obj(coordinator)
-        if not _is_reply(reply):
-            raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
-        try:
-            batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
-                       for batch in reply[1]]
-        except (KeyError, ValueError, TypeError) as exc:
-            raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
-        return bool(reply[0]), plain_batches(batches)
+        return decode_reply(state, reply)
 
     def _coordinate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
         hits, full = split_hits(state.cache, state.last_requests, state.drain())

@@ -36,10 +36,9 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.types import Response
 from horovod.core.negotiation.base import (IDLE, NEW, POLL_SECONDS, Batch, Loop, decode_message, plain_batches,
                                            report_stalls)
-from horovod.core.negotiation.star import StarNegotiation, _encode, _is_reply, _message
+from horovod.core.negotiation.star import StarNegotiation, _encode, _is_reply, _message, decode_reply
 from horovod.core.set_state import SetState
 
 log = logging.getLogger("horovod")
@@ -274,16 +273,10 @@ class TreeNegotiation(StarNegotiation):
         self._early.clear()
         if reply is None:
             reply = self._recv(self._parent)
-        if not _is_reply(reply):
-            raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
+        decided = decode_reply(state, reply)      # checked before it is passed on
         for child in self._children:
             self._send(child, reply)
-        try:
-            batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
-                       for batch in reply[1]]
-        except (KeyError, ValueError, TypeError) as exc:
-            raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
-        return bool(reply[0]), plain_batches(batches)
+        return decided
 
     def _child_groups(self, child: int) -> list:
         """A child's subtree message, skipping cycle requests it sent before it saw the cycle start."""

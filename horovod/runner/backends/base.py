@@ -17,7 +17,7 @@ from typing import IO, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tu
 
 from horovod.runner.hosts import SlotInfo
 
-__all__ = ["WorkerLaunch", "WorkerHandle", "Backend", "start_each"]
+__all__ = ["WorkerLaunch", "WorkerHandle", "Backend", "start_each", "start_groups"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +90,18 @@ class Backend(Protocol):
 def start_each(launches: Sequence[WorkerLaunch],
                start_one: Callable[[WorkerLaunch], WorkerHandle]) -> Dict[int, WorkerHandle]:
     """Start ``launches`` one by one with ``start_one``; if one fails, SIGKILL those started and re-raise."""
+    return start_groups([[launch] for launch in launches], lambda group: {group[0].rank: start_one(group[0])})
+
+
+def start_groups(groups: Sequence[Sequence[WorkerLaunch]],
+                 start_group: Callable[[Sequence[WorkerLaunch]], Dict[int, WorkerHandle]]
+                 ) -> Dict[int, WorkerHandle]:
+    """Start each group of launches (one process serving several, like a host's ssh client) with ``start_group``,
+    which returns their handles by rank; if one fails, SIGKILL those started and re-raise."""
     handles: Dict[int, WorkerHandle] = {}
     try:
-        for launch in launches:
-            handles[launch.rank] = start_one(launch)
+        for group in groups:
+            handles.update(start_group(group))
     except BaseException:
         for handle in handles.values():
             handle.signal(signal.SIGKILL)

@@ -13,12 +13,11 @@ ends the channel, and the remote side stops the workers' process groups.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from horovod.common import config
-from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_each
+from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_groups
 from horovod.runner.backends.host_channel import HostChannel
 from horovod.runner.backends.local import start_local
 from horovod.runner.hosts import is_local_host
@@ -87,21 +86,17 @@ class SshBackend:
         """Check new remote hosts, then start the workers: local ones as processes, each remote host's through one
         ssh client (:mod:`.host_channel`); see :meth:`horovod.runner.backends.base.Backend.start`."""
         self.check(launches)
-        local = [launch for launch in launches if is_local_host(launch.hostname)]
-        remote: Dict[str, List[WorkerLaunch]] = {}
+        groups: Dict[str, List[WorkerLaunch]] = {}
         for launch in launches:
-            if not is_local_host(launch.hostname):
-                remote.setdefault(launch.hostname, []).append(launch)
-        handles = start_each(local, lambda launch: start_local(launch, self._popen))
-        try:
-            for hostname, group in remote.items():
-                handles.update(self._start_host(hostname, group, grace_seconds))
-        except BaseException:
-            for handle in handles.values():
-                handle.signal(signal.SIGKILL)
-                handle.release()
-            raise
-        return handles
+            # A local worker is a group of its own; a remote host's workers share one ssh client.
+            groups.setdefault(f"local:{launch.rank}" if is_local_host(launch.hostname) else launch.hostname,
+                              []).append(launch)
+        return start_groups(list(groups.values()), lambda group: self._start_group(group, grace_seconds))
+
+    def _start_group(self, group: Sequence[WorkerLaunch], grace_seconds: float) -> Dict[int, WorkerHandle]:
+        if is_local_host(group[0].hostname):
+            return {group[0].rank: start_local(group[0], self._popen)}
+        return self._start_host(group[0].hostname, group, grace_seconds)
 
     def _start_host(self, hostname: str, group: Sequence[WorkerLaunch],
                     grace_seconds: float) -> Dict[int, WorkerHandle]:
