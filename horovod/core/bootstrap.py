@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError, RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient
+from horovod.core.negotiation.tree import children, parent
 from horovod.transport.mesh import raise_descriptor_limit
 from horovod.transport.tcp import TcpTransport
 
@@ -120,21 +121,20 @@ def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = 
     transport.connect(addresses, config.start_timeout, unix_names, abandoned)
     transport.loss_board = LossBoard(client, f"{scope}.lost")
     if by_tree:
-        for child in (2 * rank + 1, 2 * rank + 2):
-            if child < size:
-                transport.send_obj(child, ("records", texts))
+        for child in children(rank, size):
+            transport.send_obj(child, ("records", texts))
     return transport
 
 
 def _records_from_parent(transport: TcpTransport, deadline: float, abandoned: Optional[Callable[[], bool]]
                          ) -> List[str]:
     """Every rank's record, as this rank's parent in the tree hands them down (it dials us with them)."""
-    parent = (transport.rank - 1) // 2
-    transport.await_dial(parent, deadline, abandoned)
-    frame = transport.recv_obj(parent)
+    up = parent(transport.rank)
+    transport.await_dial(up, deadline, abandoned)
+    frame = transport.recv_obj(up)
     if not (isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "records" and isinstance(frame[1], list)
             and len(frame[1]) == transport.size and all(isinstance(text, str) for text in frame[1])):
-        raise HorovodInternalError(f"rank {transport.rank}: rank {parent} sent no start-up records but "
+        raise HorovodInternalError(f"rank {transport.rank}: rank {up} sent no start-up records but "
                                    f"{frame!r:.100}")
     return frame[1]
 
