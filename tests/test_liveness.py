@@ -11,6 +11,7 @@ The multi-host cases (a cut link, a sleeping rank, a killed launcher) are in ``t
 """
 
 import os
+import re
 import socket
 import threading
 import time
@@ -260,3 +261,72 @@ def test_sigkill_of_horovodrun_takes_its_local_workers_along(tmp_path):
                 os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
+
+
+_OVERLAP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gil_overlap_worker.py")
+
+
+def _horovodrun(tmp_path, *args, env=None):
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "horovod.runner", *args], cwd=str(tmp_path), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _end(proc, timeout):
+    import signal
+    import subprocess
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"horovodrun ran over {timeout} s:\n{out[-2000:]}\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+@pytest.mark.cli
+def test_a_45_s_gil_holding_call_overlapping_its_own_400_mb_allreduce_completes(tmp_path):
+    # Default settings: after HOROVOD_GLOO_TIMEOUT_SECONDS (30 s) of silence rank 0 warns once for the job, and the
+    # job waits up to HOROVOD_BUSY_PEER_TIMEOUT_SECONDS (300 s). Before, rank 0 failed the job at 30 s.
+    import sys
+    proc = _horovodrun(tmp_path, "-np", "2", sys.executable, _OVERLAP_WORKER, str(tmp_path), "45", "400")
+    out, err = _end(proc, 150)
+    assert proc.returncode == 0, err[-3000:]
+    assert "[0]<stdout>:OK rank=0 correct=True" in out and "[1]<stdout>:OK rank=1 correct=True" in out, out
+    held, ticks = re.search(r"held the GIL for ([\d.]+) s; the ticker ran (\d+) times", out).groups()
+    assert float(held) >= 44 and int(ticks) <= 3, f"the call did not hold the GIL throughout: {held} s, {ticks}"
+    warnings = [line for line in err.splitlines() if "has made no progress" in line]
+    assert len(warnings) == 1, err[-3000:]      # one for the whole job at 30 s (the call ends before 60 s)
+    assert ("rank 1 on host" in warnings[0] and "ALLREDUCE of 'allreduce.overlapped'" in warnings[0]
+            and "HOROVOD_BUSY_PEER_TIMEOUT_SECONDS" in warnings[0]), warnings[0]
+
+
+@pytest.mark.cli
+def test_a_rank_killed_inside_a_gil_holding_call_is_still_reported_at_once(tmp_path):
+    import signal
+    import sys
+    proc = _horovodrun(tmp_path, "-np", "2", sys.executable, _OVERLAP_WORKER, str(tmp_path), "120", "64")
+    try:
+        holding = tmp_path / "holding.1"
+        deadline = time.monotonic() + 60
+        while not (holding.exists() and holding.read_text()) and proc.poll() is None:
+            assert time.monotonic() < deadline, "rank 1 did not start its call"
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        killed_at = time.time()
+        os.kill(int(holding.read_text()), signal.SIGKILL)
+        out, err = _end(proc, 15)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    when, message = (tmp_path / "error.0").read_text().split(" ", 1)
+    assert float(when) - killed_at < 12, f"rank 0 raised {float(when) - killed_at:.1f} s after the kill"
+    assert "HorovodInternalError" in message and "rank 1 on host" in message and "was lost" in message, message
+    assert "Root cause: rank 1" in err, err[-3000:]

@@ -27,8 +27,11 @@ class _PairTransport:
     def quiesce(self, peer):
         return None
 
-    def silent(self, peer):
-        return HorovodInternalError(f"rank {self.rank}: rank {peer} sent nothing for {self.timeout} s")
+    def waiting(self, peer, silent_for):
+        raise HorovodInternalError(f"rank {self.rank}: rank {peer} sent nothing for {self.timeout} s")
+
+    def resumed(self):
+        return None
 
     def fail(self, peer, exc):
         return HorovodInternalError(f"rank {self.rank}: rank {peer} was lost ({exc})")

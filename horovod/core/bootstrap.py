@@ -26,7 +26,7 @@ from horovod.transport.tcp import TcpTransport
 
 _log = logging.getLogger("horovod")
 
-__all__ = ["DIRECT_RECORDS_MAX_RANKS", "rendezvous_client", "connect", "LossBoard"]
+__all__ = ["DIRECT_RECORDS_MAX_RANKS", "rendezvous_client", "connect", "RankBoard"]
 
 DIRECT_RECORDS_MAX_RANKS = 16
 
@@ -87,7 +87,7 @@ def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = 
     raise_descriptor_limit()
     client = rendezvous_client(config, topo)
     transport = TcpTransport(rank, size, client.secret, config.gloo_timeout_seconds, job_token=scope,
-                             liveness=config.liveness_timeout)
+                             liveness=config.liveness_timeout, busy_bound=config.busy_peer_timeout_seconds)
     if config.gloo_iface:
         host = _interface_address(config.gloo_iface)
     else:
@@ -119,7 +119,8 @@ def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = 
     _log.debug("rank %d: mesh %s listens on %s:%d; %d peers known (%d on this host)", rank, scope, host, port,
                len(addresses), len(unix_names))
     transport.connect(addresses, config.start_timeout, unix_names, abandoned)
-    transport.loss_board = LossBoard(client, f"{scope}.lost")
+    transport.loss_board = RankBoard(client, f"{scope}.lost")
+    transport.patience.board = RankBoard(client, f"{scope}.waits")
     if by_tree:
         for child in children(rank, size):
             transport.send_obj(child, ("records", texts))
@@ -139,11 +140,13 @@ def _records_from_parent(transport: TcpTransport, deadline: float, abandoned: Op
     return frame[1]
 
 
-class LossBoard:
-    """Where a rank whose transport failed posts its account (in the job's rendezvous store), before it hangs up.
+class RankBoard:
+    """A page of the job's rendezvous store where each rank posts one text, read by all.
 
-    Connections open on demand, so most ranks learn of a lost rank from a neighbour that hung up on them, not from the
-    lost rank itself; reading the neighbour's post, they name the rank that was really lost.
+    Two boards per job: the loss board, where a rank whose transport failed posts its account before it hangs up
+    (connections open on demand, so most ranks learn of a lost rank from a neighbour that hung up on them; reading
+    the neighbour's post, they name the rank that was really lost), and the waits board, where a rank waiting on a
+    live but silent peer posts whom it waits on (:mod:`horovod.transport.patience`).
     """
 
     TIMEOUT = 1.0       # a rendezvous that does not answer within this only loses the account
@@ -153,12 +156,12 @@ class LossBoard:
         self._scope = scope
 
     def read(self) -> Dict[int, str]:
-        """Every account posted so far, by the rank that posted it."""
+        """Every text posted so far, by the rank that posted it."""
         items = self._client.get_all(self._scope, 0, timeout=0.0, grace=self.TIMEOUT)
         return {int(key): value.decode(errors="replace") for key, value in items.items() if key.isdigit()}
 
     def post(self, rank: int, account: str) -> None:
-        """Post this rank's account of the failure."""
+        """Post this rank's text (replacing its earlier one)."""
         self._client.put(self._scope, str(rank), account.encode()[:4096])
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import select
 import threading
-import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from horovod.autotune import Autotuner
@@ -114,6 +113,7 @@ class Engine:
         self.autotuner = Autotuner(config, self._apply_tuning) if config.autotune and rank == 0 else None
         self._executor = Executor(timeline, self._apply_set_change, count_bytes=self.autotuner is not None)
         self.on_process_sets_changed: Optional[Callable[[int, Optional[Tuple[int, ...]]], None]] = None
+        self._patience = getattr(transport, "patience", None)    # names what a wait on a busy peer is for
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -379,6 +379,8 @@ class Engine:
             state = self.sets.get(set_id)
             if state is None or state.index < 0:
                 continue
+            if self._patience is not None:     # so that a wait on a busy peer names what this rank waits for
+                self._patience.activity = state.describe_pending
             shutdown, batches = self.negotiation.negotiate(state, self._shutdown if set_id == 0 else False)
             self._executor.run(state, batches)
             if shutdown:

@@ -29,6 +29,12 @@ from horovod.transport.mesh import DescriptorLimitError
 __all__ = ["Executor", "complete"]
 
 
+def _describe(response: Response) -> str:
+    """A collective as errors name it: ``ALLREDUCE of 'grad.w', 'grad.b' ...``."""
+    names = ", ".join(repr(n) for n in response.names[:4]) + (" ..." if len(response.names) > 4 else "")
+    return f"{OP_NAMES.get(response.op, response.op)} of {names}"
+
+
 class Executor:
     """Runs decided batches for the engine; holds the persistent work buffers and what autotune scores."""
 
@@ -70,12 +76,14 @@ class Executor:
                 tl.activity(response, "NEGOTIATED_DATA_ALLREDUCE")
             results = allreduce_contributions(response, entries, batch.contributions, self.buffers)
         else:
+            patience = getattr(state.group.transport, "patience", None)
+            if patience is not None:     # so that a wait on a busy peer names the collective
+                patience.activity = lambda: _describe(response)
             try:
                 results = execute(response, entries, state.group, self.buffers,
                                   (lambda activity: tl.activity(response, activity)) if tl is not None else None)
             except DescriptorLimitError as exc:
-                names = ", ".join(repr(n) for n in response.names[:4]) + (" ..." if len(response.names) > 4 else "")
-                raise DescriptorLimitError(f"{OP_NAMES.get(response.op, response.op)} of {names}: {exc}") from None
+                raise DescriptorLimitError(f"{_describe(response)}: {exc}") from None
         if tl is not None:
             tl.end(response)
         if response.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):

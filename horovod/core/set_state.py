@@ -46,6 +46,14 @@ class SetState:
         self.lock = threading.Lock()
         self.removed = False
 
+    def describe_pending(self) -> str:
+        """What this rank waits to negotiate in this set, as a busy peer's warning names it."""
+        names = list(self.entries)
+        if not names:
+            return "the negotiation of the next collective"
+        shown = ", ".join(repr(name) for name in names[:4]) + (" ..." if len(names) > 4 else "")
+        return f"the negotiation of {shown}"
+
     def drain(self) -> List[Request]:
         """Take the requests queued since the last call (they go into this cycle's message)."""
         with self.lock:

@@ -27,7 +27,7 @@ class Transport(Protocol):
 
     rank: int
     size: int
-    timeout: float                  # seconds a collective may make no progress while its peers live (0: forever)
+    timeout: float                  # seconds between reports of a live peer's silence in a collective (0: never)
     liveness: float                 # seconds a peer's connection may show no sign of life before it is lost
     secret: bytes                   # the job's secret (authenticates connections; names shared-memory segments)
     job_token: str                  # names this mesh of connections among the job's meshes (one per init)
@@ -37,8 +37,12 @@ class Transport(Protocol):
     def fileno(self, peer: int) -> int:
         """The connection to ``peer``, for waiting on several peers at once."""
 
-    def silent(self, peer: int) -> Exception:
-        """The error for ``peer`` making no progress in a collective for ``timeout``; the transport fails."""
+    def waiting(self, peer: int, silent_for: float) -> None:
+        """A collective has waited ``silent_for`` seconds on ``peer``, whose connection is alive (told every half
+        ``timeout``); raises, failing the transport, once the wait has lasted too long."""
+
+    def resumed(self) -> None:
+        """Bytes moved again after :meth:`waiting` was called."""
 
     def check_open(self, peer: int) -> None:
         """Raise if ``peer`` hung up; bytes waiting on the connection stay there."""

@@ -93,9 +93,10 @@ class PollDuplex(Duplex):
     """Over a socket transport: non-blocking writes and reads on the peers' connections, one ``poll`` when none
     can move.
 
-    ``transport`` provides ``connection(peer)`` (the socket), ``timeout``, ``silent(peer)``, ``fail(peer, exc)``
-    (the error that fails the transport) and ``quiesce(peer)`` (returns once nothing else is being written to the
-    connection).
+    ``transport`` provides ``connection(peer)`` (the socket), ``timeout``, ``waiting(peer, silent_for)`` (told
+    every half timeout while no byte moves; raises to end the wait) and ``resumed()`` (bytes moved after that),
+    ``fail(peer, exc)`` (the error that fails the transport) and ``quiesce(peer)`` (returns once nothing else is
+    being written to the connection).
     """
 
     def __init__(self, transport):
@@ -132,20 +133,30 @@ class PollDuplex(Duplex):
             self._restore.clear()
 
     def _progress(self) -> None:
-        timeout = self.transport.timeout
+        # A connection that fails (a dead process, a host the keepalive probes lost) raises from _move; silence
+        # on a live one is the transport's to judge, told every half timeout (transport.waiting may raise).
+        tick = self.transport.timeout / 2
         last_moved = time.monotonic()
+        told = False
+        look = last_moved + tick
         while self._pending_recvs or any(self._sends.values()):
             if self._move():
                 last_moved = time.monotonic()
+                look = last_moved + tick
+                if told:
+                    told = False
+                    self.transport.resumed()
                 continue
             waiting = self._wait_set()
-            left = None if timeout <= 0 else timeout - (time.monotonic() - last_moved)
-            if left is not None and left <= 0:
-                raise self.transport.silent(self._blamed())
+            now = time.monotonic()
+            if tick > 0 and now >= look:
+                told = True
+                self.transport.waiting(self._blamed(), now - last_moved)
+                look = now + tick
             poller = select.poll()
             for fd, events in waiting.items():
                 poller.register(fd, events)
-            poller.poll(None if left is None else max(1, int(left * 1000)))
+            poller.poll(None if tick <= 0 else max(1, int((look - now) * 1000)))
 
     def _move(self) -> bool:
         """One non-blocking attempt on every connection with work; whether any byte moved."""

@@ -186,8 +186,12 @@ class ShmSegments:
         found nobody new, the waiting peers' connections are checked for a hang-up.
         """
         flags, mine, wake = self._flags, self._asleep[self.index], self._wake
-        timeout = self.transport.timeout
-        deadline = time.monotonic() + timeout if timeout > 0 else None
+        # Peers that hang up raise from check_open; a live peer's silence is the transport's to judge, told every
+        # half timeout (transport.waiting raises once it has lasted too long).
+        tick = self.transport.timeout / 2
+        started = time.monotonic()
+        tell = started + tick if tick > 0 else None
+        told = False
         look = _FIRST_LOOK
         next_check = time.monotonic() + look
         try:
@@ -196,6 +200,8 @@ class ShmSegments:
                 _fence()
                 waiting = [p for p in peers if flags[p][0] < epoch]
                 if not waiting:
+                    if told:
+                        self.transport.resumed()
                     return
                 woken = False
                 if wake is not None:
@@ -218,8 +224,10 @@ class ShmSegments:
                     for p in waiting:
                         self.transport.check_open(self.ranks[p])    # raises on a hang-up
                     next_check = now + look
-                if deadline is not None and now > deadline:
-                    raise self.transport.silent(self.ranks[waiting[0]])
+                if tell is not None and now >= tell:
+                    told = True
+                    self.transport.waiting(self.ranks[waiting[0]], now - started)
+                    tell = now + tick
                 if not woken:
                     look = min(2 * look, _LAST_LOOK if wake is not None else _FIRST_LOOK)
         finally:

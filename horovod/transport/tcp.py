@@ -28,12 +28,14 @@ import os
 import select
 import socket
 import threading
+import time
 from typing import Dict, List, Optional, Sequence
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
 from horovod.transport.duplex import PollDuplex
 from horovod.transport.mesh import FORKED, DescriptorLimitError, MeshSetup, forked, watch_liveness
+from horovod.transport.patience import Patience
 from horovod.transport.reactor import Reactor, SendFuture
 
 __all__ = ["SendFuture", "TcpTransport", "forked", "watch_liveness"]
@@ -42,6 +44,10 @@ log = logging.getLogger("horovod")
 
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _INLINE_SEND_BYTES = 64 * 1024
+
+
+class _Stuck(Exception):
+    """A live peer made no progress inside a collective for the busy-peer bound (the text is the account)."""
 
 
 class _Sent:
@@ -72,12 +78,15 @@ class TcpTransport(MeshSetup):
     """Point-to-point messaging between the ranks of one job over authenticated TCP connections."""
 
     def __init__(self, rank: int, size: int, secret: bytes, timeout: float, job_token: str = "",
-                 liveness: float = 0.0):
+                 liveness: float = 0.0, busy_bound: float = 0.0):
         self.rank = rank
         self.size = size
         self.secret = secret
         self.timeout = timeout
         self.liveness = liveness            # HOROVOD_LIVENESS_TIMEOUT (0: the kernel's defaults)
+        # How long a live peer may owe bytes inside a collective (HOROVOD_BUSY_PEER_TIMEOUT_SECONDS), warned
+        # about every ``timeout`` seconds; the executor names the collective in ``patience.activity``.
+        self.patience = Patience(rank, timeout, busy_bound, self._where)
         self.job_token = job_token
         self._socks: Dict[int, socket.socket] = {}
         self._reactor: Optional[Reactor] = None
@@ -140,9 +149,11 @@ class TcpTransport(MeshSetup):
             # The kernel's keepalive probes or unacknowledged data ran out: the host is down or cut off.
             cause = (f"{self._where(peer)} was lost: its connection showed no sign of life for {self.liveness:g} s "
                      f"(HOROVOD_LIVENESS_TIMEOUT); its host is down or unreachable")
+        elif isinstance(exc, _Stuck):
+            cause = str(exc)     # the patience's account: the peer is alive but made no progress for the bound
         elif isinstance(exc, socket.timeout):
-            # Python's own timeout: the peer's kernel still answers, so the process is alive but stuck.
-            cause = (f"{self._where(peer)} sent nothing for {self.timeout:g} s in the middle of a collective "
+            # Python's own timeout on a send: the peer's kernel still answers, so the process is alive but stuck.
+            cause = (f"{self._where(peer)} took nothing for {self.timeout:g} s in the middle of a collective "
                      f"(HOROVOD_GLOO_TIMEOUT_SECONDS), though its connection is alive: it is stuck, or busy in a "
                      f"long call that holds Python's GIL")
         else:
@@ -190,18 +201,23 @@ class TcpTransport(MeshSetup):
         except (OSError, ConnectionError, ValueError) as exc:
             raise self._fail(peer, exc) from None
 
-    def silent(self, peer: int) -> HorovodInternalError:
-        """``peer`` made no progress in a collective for longer than the timeout (its connection is alive)."""
-        return self._fail(peer, socket.timeout())
+    def waiting(self, peer: int, silent_for: float) -> None:
+        """A collective has waited ``silent_for`` seconds on ``peer``, whose connection is alive (see
+        :mod:`~horovod.transport.patience`): warns once for the job every timeout, and fails the transport (raising
+        HorovodInternalError) past the busy-peer bound."""
+        account = self.patience.waiting(peer, silent_for)
+        if account is not None:
+            raise self._fail(peer, _Stuck(account))
 
-    def _silent_peer(self, peer: int) -> None:
-        """``peer`` owes a control message for longer than the timeout while its connection is alive: busy (a long
-        call that holds its GIL) or stuck, not lost. Said once; the wait goes on."""
-        if peer not in self._silence_reported:
-            self._silence_reported.add(peer)
-            log.warning("rank %d: %s has not answered for %g s though its connection is alive: busy (a long call "
-                        "that holds Python's GIL?) or stuck; still waiting", self.rank, self._where(peer),
-                        self.timeout)
+    def resumed(self) -> None:
+        """Bytes moved again after :meth:`waiting` was called."""
+        self.patience.resumed()
+
+    def _silent_peer(self, peer: int, silent_for: float) -> None:
+        """``peer`` owes a control message while its connection is alive: busy (a long call that holds its GIL) or
+        stuck, not lost. The patience says so once for the job, and bounds the wait."""
+        self._silence_reported.add(peer)
+        self.waiting(peer, silent_for)
 
     def _sock(self, peer: int) -> socket.socket:
         if self._broken is not None:
@@ -240,10 +256,29 @@ class TcpTransport(MeshSetup):
         return reactor.send(peer, self._sock(peer), view)
 
     def recv_into(self, peer: int, view: memoryview) -> None:
-        """Fill ``view`` with the next bytes from ``peer``."""
+        """Fill ``view`` with the next bytes from ``peer`` (a live peer may take its time: :meth:`waiting`)."""
         sock = self._sock(peer)
+        tick = self.timeout / 2
+        poller = None
+        got, total = 0, len(view)
+        since = None
         try:
-            wire.recv_exact(sock, view)
+            while got < total:
+                if tick > 0:
+                    if poller is None:
+                        poller = select.poll()
+                        poller.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+                    if not poller.poll(max(1, int(tick * 1000))):
+                        since = since if since is not None else time.monotonic() - tick
+                        self.waiting(peer, time.monotonic() - since)
+                        continue
+                n = sock.recv_into(view[got:], total - got)
+                if n == 0:
+                    raise ConnectionError("connection closed by peer")
+                got += n
+                if since is not None:
+                    since = None
+                    self.resumed()
         except (OSError, ConnectionError) as exc:
             raise self._fail(peer, exc) from None
 
@@ -259,7 +294,11 @@ class TcpTransport(MeshSetup):
         """Receive one control message (negotiation: a live peer may take its time, see :meth:`_silent_peer`)."""
         sock = self._sock(peer)
         try:
-            return wire.decode(wire.recv_frame(sock, lambda: self._silent_peer(peer)))
+            frame = wire.recv_frame(sock, lambda silent_for: self._silent_peer(peer, silent_for), self.timeout / 2)
+            if self._silence_reported:
+                self._silence_reported.clear()
+                self.resumed()
+            return wire.decode(frame)
         except (OSError, ConnectionError) as exc:
             raise self._fail(peer, exc) from None
 

@@ -19,6 +19,7 @@ import io
 import os
 import pickle
 import re
+import select
 import socket
 import struct
 import time
@@ -103,17 +104,19 @@ def send_frame(sock: socket.socket, payload: bytes) -> None:
         sock.sendall(payload)
 
 
-def recv_frame(sock: socket.socket, on_silence: Optional[Callable[[], None]] = None) -> bytes:
+def recv_frame(sock: socket.socket, on_silence: Optional[Callable[[float], None]] = None,
+               tick: float = 0.0) -> bytes:
     """Receive one length-prefixed frame (size-capped).
 
-    With ``on_silence``, the socket's timeout passing before the first byte of the frame is not an error: it is
-    called, and the wait goes on (a live peer may be busy; a lost one is the connection's liveness to report).
+    With ``on_silence``, silence before the first byte of the frame is not an error: every ``tick`` seconds it is
+    called with how long the wait has lasted (it may raise to end it), and the wait goes on (a live peer may be busy;
+    a lost one is the connection's liveness to report).
     """
     header = bytearray(_LEN.size)
-    if on_silence is None:
+    if on_silence is None or tick <= 0:
         recv_exact(sock, memoryview(header))
     else:
-        _recv_header_patiently(sock, memoryview(header), on_silence)
+        _recv_header_patiently(sock, memoryview(header), on_silence, tick)
     (length,) = _LEN.unpack(header)
     if length > MAX_CONTROL_BYTES:
         raise HorovodInternalError(f"control frame of {length} bytes exceeds the {MAX_CONTROL_BYTES} limit")
@@ -122,18 +125,17 @@ def recv_frame(sock: socket.socket, on_silence: Optional[Callable[[], None]] = N
     return bytes(payload)
 
 
-def _recv_header_patiently(sock: socket.socket, view: memoryview, on_silence: Callable[[], None]) -> None:
+def _recv_header_patiently(sock: socket.socket, view: memoryview, on_silence: Callable[[float], None],
+                           tick: float) -> None:
+    started = time.monotonic()
+    poller = select.poll()     # not select.select: descriptors past 1,024 are common at scale
+    poller.register(sock.fileno(), select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
     got = 0
     while got < len(view):
-        try:
-            n = sock.recv_into(view[got:], len(view) - got)
-        except socket.timeout as exc:
-            # Python's own timeout (errno None), before any byte: the peer is silent, not lost. A kernel ETIMEDOUT
-            # (the liveness probes ran out) is a TimeoutError too, with its errno: that one is a lost peer.
-            if got or exc.errno is not None:
-                raise
-            on_silence()
+        if not got and not poller.poll(max(1, int(tick * 1000))):
+            on_silence(time.monotonic() - started)
             continue
+        n = sock.recv_into(view[got:], len(view) - got)
         if n == 0:
             raise ConnectionError("connection closed by peer")
         got += n

@@ -68,6 +68,7 @@ class PeerNegotiation(Negotiation):
         self._queued_since: Optional[float] = None      # when this rank's queues became non-empty
         self._last_start = float("-inf")
         self._warned = False                            # the silence of this cycle's peers was reported
+        self._told_at = 0.0                             # when it was last reported
         self.held = inline.HeldData()
 
     def start(self) -> None:
@@ -99,6 +100,8 @@ class PeerNegotiation(Negotiation):
                     self._send_frame(now)
                     timeout = None
             if self.presented and len(self._inbox) == loop.size - 1:
+                if self._warned:
+                    loop.transport.resumed()
                 break
             waiting = [fd for fd, peer in self._peers.items() if peer not in self._inbox]
             if self.presented and loop.transport.timeout > 0:
@@ -109,20 +112,21 @@ class PeerNegotiation(Negotiation):
         self._last_start = time.monotonic()
 
     def _liveness_bound(self, waiting: List[int], timeout: Optional[float]) -> Optional[float]:
-        """A live peer answers a frame within a poll interval, idle or not; one that has not for the transport's
-        timeout is busy (a long call holding the GIL) or stuck, but alive: a lost host or process is the
-        connection's to report (its liveness probes, or the closed socket). Warn once, and keep waiting."""
+        """A live peer answers a frame within a poll interval, idle or not; one that has not for half the
+        transport's timeout is busy (a long call holding the GIL) or stuck, but alive: a lost host or process is the
+        connection's to report (its liveness probes, or the closed socket). The transport is told every half
+        timeout (:mod:`horovod.transport.patience`: one warning for the job, and a bound)."""
         transport = self.loop.transport
-        left = self._own_clock + transport.timeout - time.monotonic()
+        tick = transport.timeout / 2
+        now = time.monotonic()
+        silent_for = now - self._own_clock
+        left = self._told_at + tick - now if self._warned else tick - silent_for
         if left > 0:
             return left if timeout is None else min(timeout, left)
-        if not self._warned:
-            self._warned = True
-            late = [self._peers[fd] for fd in waiting]
-            log.warning("rank %d: ranks %s have not answered for %.0f s though their connections are alive: busy "
-                        "(a long call that holds Python's GIL?) or stuck; still waiting", self.loop.rank, late,
-                        transport.timeout)
-        return timeout
+        self._warned = True
+        self._told_at = now
+        transport.waiting(self._peers[waiting[0]], silent_for)
+        return tick if timeout is None else min(timeout, tick)
 
     def _read(self, readable: list) -> None:
         loop = self.loop
