@@ -207,15 +207,12 @@ class Config:
     # Controller and transport.
     controller: str = _s("gloo", "controller: gloo (our TCP/shared-memory engine)", inert=_COMPAT)
     cpu_operations: str = _s("gloo", "CPU collective implementation", inert=_COMPAT)
-    gloo_timeout_seconds: float = _s(30.0, "seconds a live peer may stay silent inside a collective before one "
-                                     "warning for the job names it (repeated as often); also bounds opening a "
-                                     "connection", flag="--gloo-timeout-seconds", minimum=0,
-                                     yaml="library_options.gloo_timeout_seconds")
-    busy_peer_timeout_seconds: float = _s(300.0, "seconds a peer whose connection is alive (a rank in a long call "
-                                          "that holds Python's GIL, or stopped) may make no progress inside a "
-                                          "collective before the job fails; 0: wait without limit",
-                                          flag="--busy-peer-timeout-seconds", minimum=0,
-                                          yaml="library_options.busy_peer_timeout_seconds")
+    gloo_timeout_seconds: float = _s(30.0, "seconds of silence from a live peer in a collective between warnings "
+                                     "naming it; also bounds opening a connection", flag="--gloo-timeout-seconds",
+                                     minimum=0, yaml="library_options.gloo_timeout_seconds")
+    busy_peer_timeout_seconds: float = _s(300.0, "seconds a live peer (in a long call that holds Python's GIL, or "
+                                          "stopped) may make no progress in a collective before the job fails; 0: "
+                                          "no limit", flag="--busy-peer-timeout-seconds", minimum=0)
     liveness_timeout: float = _s(10.0, "seconds a peer's connection may show no sign of life before the peer is "
                                  "declared lost (the kernel probes idle connections, so a rank busy in user code "
                                  "stays alive; 0: no probes)", flag="--liveness-timeout", minimum=0,

@@ -179,8 +179,27 @@ class ShmSegments:
                 log.warning("rank %d cannot wake rank %d in a shared-memory barrier (%s); it polls instead",
                             self.ranks[self.index], self.ranks[position], exc)
 
+    def _doze(self, look: float) -> bool:
+        """Wait up to ``look`` seconds for a wake-up datagram; whether one came (from a peer, an old datagram, or
+        anyone: the caller looks at the counters all the same)."""
+        wake = self._wake
+        if wake is None:
+            time.sleep(look)
+            return False
+        if look != self._wake_timeout:
+            # In the kernel, not Python's timeout: that would poll before every receive, and the wake-up path is
+            # one system call on each side.
+            wake.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, int(look * 1e6)))
+            self._wake_timeout = look
+        try:
+            wake.recv(16)
+            return True
+        except (BlockingIOError, InterruptedError):
+            return False
+
     def _sleep(self, epoch: int, peers: List[int]) -> None:
-        """Wait until every peer entered barrier ``epoch``; a hang-up or the timeout raises HorovodInternalError.
+        """Wait until every peer entered barrier ``epoch``; a hang-up, or a live peer's silence past the
+        transport's bound, raises HorovodInternalError.
 
         One blocking receive on the wake-up socket per look: a peer's datagram ends it at once. Between looks that
         found nobody new, the waiting peers' connections are checked for a hang-up.
@@ -203,21 +222,7 @@ class ShmSegments:
                     if told:
                         self.transport.resumed()
                     return
-                woken = False
-                if wake is not None:
-                    if look != self._wake_timeout:
-                        # In the kernel, not Python's timeout: that would poll before every receive, and the
-                        # wake-up path is one system call on each side.
-                        wake.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                                        struct.pack("ll", 0, int(look * 1e6)))
-                        self._wake_timeout = look
-                    try:
-                        wake.recv(16)
-                        woken = True    # by a peer (or an old datagram, or anyone: looked at below all the same)
-                    except (BlockingIOError, InterruptedError):
-                        pass
-                else:
-                    time.sleep(look)
+                woken = self._doze(look)
                 now = time.monotonic()
                 # On every wake-up, not only after a quiet look: datagrams from anyone must not defer these.
                 if now >= next_check:
