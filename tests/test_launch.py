@@ -142,8 +142,8 @@ class _RecordingSink(OutputSink):
         super().__init__(size, io.StringIO(), io.StringIO())
         self.lines: "queue.Queue" = queue.Queue()
 
-    def write(self, rank, stream, line):
-        super().write(rank, stream, line)
+    def write(self, rank, stream, line, end="\n"):
+        super().write(rank, stream, line, end)
         self.lines.put((rank, stream, line))
 
 

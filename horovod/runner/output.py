@@ -1,14 +1,27 @@
-"""Workers' output, relayed line by line with Horovod's ``[rank]<stdout>:`` prefix, and optionally kept per rank."""
+"""Workers' output, relayed piece by piece with Horovod's ``[rank]<stdout>:`` prefix, and optionally kept per rank.
+
+Memory stays bounded whatever a worker writes: a stream is read in chunks of at most :data:`READ_BYTES` and cut
+(:class:`PieceSplitter`) at each line end, at each carriage return (a progress bar redrawn in place is passed on as
+it is drawn, its ``\r`` kept so that a terminal redraws it too), and inside a line that runs past
+:data:`PIECE_CHARS` characters (each piece gets the prefix and a line of its own). A piece holds at most
+:data:`PIECE_CHARS` characters until its end arrives; the per-rank files get the worker's output exactly.
+"""
 
 from __future__ import annotations
 
+import codecs
 import datetime
 import os
+import re
 import sys
 import threading
-from typing import IO, Dict, Hashable, Optional, TextIO, Tuple
+from typing import IO, Callable, Dict, Hashable, List, Optional, TextIO, Tuple
 
-__all__ = ["OutputSink", "relay_lines"]
+__all__ = ["OutputSink", "PieceSplitter", "relay_pieces", "relay_lines", "PIECE_CHARS", "READ_BYTES"]
+
+PIECE_CHARS = 64 * 1024      # the longest piece held back waiting for its line end
+READ_BYTES = 64 * 1024
+_ENDS = re.compile(r"\r\n|\r|\n")
 
 
 class OutputSink:
@@ -36,8 +49,10 @@ class OutputSink:
                 for stream in ("stdout", "stderr"):
                     self._files[(rank, stream)] = open(os.path.join(directory, stream), "w", encoding="utf-8")
 
-    def write(self, rank: Hashable, stream: str, line: str) -> None:
-        """Write one line (without its newline) of ``rank``'s ``stream`` ("stdout" or "stderr")."""
+    def write(self, rank: Hashable, stream: str, line: str, end: str = "\n") -> None:
+        """Write one piece of ``rank``'s ``stream`` ("stdout" or "stderr"): ``line`` and the ``end`` that the worker
+        wrote after it (see :class:`PieceSplitter`), on a line of its own with the prefix; a carriage return is
+        kept, so that a terminal redraws the line in place."""
         prefix = f"[{rank}]<{stream}>:"
         if self._timestamp:
             prefix = f"{datetime.datetime.now().strftime('%a %b %d %H:%M:%S %Y')}[{rank}]<{stream}>:"
@@ -45,13 +60,13 @@ class OutputSink:
         with self._lock:
             if not self._broken.get(stream):
                 try:
-                    target.write(f"{prefix}{line}\n")
+                    target.write(prefix + line + ("\r" if end == "\r" else "\n"))
                     target.flush()
                 except (OSError, ValueError, AttributeError) as exc:    # (no stream at all: None)
                     self._give_up(stream, target, exc)
             handle = self._files.get((rank, stream))
             if handle is not None:
-                handle.write(line + "\n")
+                handle.write(line + end)
                 handle.flush()
 
     def _give_up(self, stream: str, target: TextIO, exc: BaseException) -> None:
@@ -87,8 +102,62 @@ class OutputSink:
             self._files.clear()
 
 
-def relay_lines(sink: "OutputSink", key: Hashable, stream: str, pipe: IO[bytes]) -> None:
-    """Copy ``pipe`` to ``sink`` line by line under ``key`` until it ends, then close it."""
+class PieceSplitter:
+    """Cuts one stream's bytes into the pieces to relay, holding at most ``limit`` characters between calls.
+
+    Each piece is ``(text, end)``: ``end`` is what the worker wrote after ``text``: ``"\n"`` or ``"\r\n"`` (a line),
+    ``"\r"`` (a carriage return: a progress bar's redraw) or ``""`` (no end: a piece of an overlong line, or what was
+    left at the end of the stream). UTF-8 is decoded across chunk boundaries (invalid bytes become U+FFFD).
+    """
+
+    def __init__(self, limit: int = PIECE_CHARS):
+        self._limit = limit
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+
+    def feed(self, data: bytes) -> List[Tuple[str, str]]:
+        """The pieces that ``data`` completes."""
+        return self._split(self._decoder.decode(data), final=False)
+
+    def finish(self) -> List[Tuple[str, str]]:
+        """The pieces left at the end of the stream."""
+        return self._split(self._decoder.decode(b"", final=True), final=True)
+
+    def _split(self, text: str, final: bool) -> List[Tuple[str, str]]:
+        text, pieces, start, held = self._partial + text, [], 0, ""
+        for found in _ENDS.finditer(text):
+            if found.group() == "\r" and found.end() == len(text) and not final:
+                held = "\r"     # a "\n" may follow in the next chunk: "\r\n" is one line end
+                break
+            pieces.append((text[start:found.start()], found.group()))
+            start = found.end()
+        rest = text[start:len(text) - len(held)]
+        while len(rest) > self._limit or (final and rest):
+            pieces.append((rest[:self._limit], ""))
+            rest = rest[self._limit:]
+        self._partial = rest + held
+        return pieces
+
+
+Deliver = Callable[[str, str], None]
+
+
+def relay_pieces(pipe: IO[bytes], deliver: Deliver) -> None:
+    """Read ``pipe`` until it ends, calling ``deliver(text, end)`` for each piece (:class:`PieceSplitter`); then
+    close it."""
+    splitter = PieceSplitter()
+    read = getattr(pipe, "read1", pipe.read)    # what has arrived, up to the bound: never waits for more
     with pipe:
-        for raw in iter(pipe.readline, b""):
-            sink.write(key, stream, raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        while True:
+            chunk = read(READ_BYTES)
+            if not chunk:
+                break
+            for text, end in splitter.feed(chunk):
+                deliver(text, end)
+        for text, end in splitter.finish():
+            deliver(text, end)
+
+
+def relay_lines(sink: "OutputSink", key: Hashable, stream: str, pipe: IO[bytes]) -> None:
+    """Copy ``pipe`` to ``sink`` piece by piece under ``key`` until it ends, then close it."""
+    relay_pieces(pipe, lambda text, end: sink.write(key, stream, text, end))

@@ -2,15 +2,21 @@
 
 Every process the runner starts (a worker, an ssh client, ``mpirun``, the worker under the remote bootstrap) leads its
 own session, so its process group id is its pid: stopping it signals the group (the process and anything it started),
-never a process found by name. This is the runner's only ``killpg`` and its only signal-handler installer.
+never a process found by name. This (with :mod:`.guardian`, whose :func:`signal_sessions` it passes on) is the runner's
+only ``killpg``, and its only signal-handler installer.
 
-A process started from the main thread on Linux also dies with its starter (``PR_SET_PDEATHSIG``, SIGKILL): a
-``horovodrun`` killed with SIGKILL takes its local workers and its ssh clients with it (each ssh client's end closes
-the remote worker's channel, and the remote bootstrap stops the worker). Only from the main thread, because the
-kernel sends the signal when the *thread* that started the process ends.
+Nothing a session started outlives the process that started it, at any depth: each session registers with this
+process's guardian (:mod:`.guardian`, spawned with the first session), which SIGKILLs every session still registered
+when this process ends, by SIGKILL too, and ends what is left of a session once it is released
+(:func:`release_session`, :meth:`ProcessHandle.release`). So a ``horovodrun`` killed with SIGKILL takes its local
+workers, whatever wrappers they run under (``sh -c``, scripts, ``timeout``), and its ssh clients with it; each ssh
+client's end closes the remote host's channel, and the remote bootstrap stops its workers (and its own guardian
+ends what they started). A process started from the main thread on Linux also dies with its starter at once
+(``PR_SET_PDEATHSIG``, SIGKILL; only from the main thread, because the kernel sends the signal when the *thread* that
+started the process ends).
 
-Standard library only: the remote bootstrap (:mod:`horovod.runner.ssh_boot`) uses it before any job environment is
-set.
+Standard library and :mod:`horovod.common.config` only: the remote bootstrap (:mod:`horovod.runner.ssh_boot`) uses it
+before any job environment is set.
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ import subprocess
 import threading
 from typing import IO, Callable, Iterator, Mapping, Optional, Sequence
 
-__all__ = ["signal_group", "start_session", "forward_signals", "ProcessHandle", "DEFAULT_SIGNALS"]
+from horovod.common.config import environ_snapshot
+from horovod.runner.guardian import Guardian, signal_sessions
+
+__all__ = ["signal_group", "signal_sessions", "start_session", "release_session", "forward_signals", "ProcessHandle",
+           "DEFAULT_SIGNALS"]
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
@@ -43,15 +53,36 @@ def _load_prctl():
 _PRCTL = _load_prctl()     # loaded before any fork: the child only calls it
 
 
-def _dies_with(parent: int) -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that makes the child die with this process (None where that cannot be arranged)."""
-    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+_GUARDIAN: Optional[Guardian] = None     # this process's; a forked child starts its own
+_GUARDIAN_LOCK = threading.Lock()
+
+
+def _guardian() -> Optional[Guardian]:
+    """This process's guardian, spawned on first use and again if it ended."""
+    global _GUARDIAN
+    with _GUARDIAN_LOCK:
+        if _GUARDIAN is not None and _GUARDIAN.owner != os.getpid():
+            _GUARDIAN.channel.close()     # the parent's: keeping it open would hide the parent's death
+            _GUARDIAN = None
+        if _GUARDIAN is None or not _GUARDIAN.alive():
+            _GUARDIAN = Guardian.spawn(environ_snapshot())
+        return _GUARDIAN
+
+
+def _tie_to_starter(parent: int, guardian: Optional[Guardian]) -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` that registers the child's session with ``guardian`` and, from the main thread, makes the
+    child die with this process (None where neither can be arranged)."""
+    pdeathsig = _PRCTL is not None and threading.current_thread() is threading.main_thread()
+    if guardian is None and not pdeathsig:
         return None
 
     def arrange() -> None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:      # the starter died before the request took effect
-            os._exit(137)
+        if guardian is not None:
+            guardian.register_self()    # before exec: the session never runs unregistered
+        if pdeathsig:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:      # the starter died before the request took effect
+                os._exit(137)
 
     return arrange
 
@@ -80,8 +111,17 @@ def start_session(argv: Sequence[str], env: Mapping[str, str], *, stdin=subproce
     """
     streams = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE) if pipes else {}
     if "preexec_fn" not in kwargs:
-        kwargs["preexec_fn"] = _dies_with(os.getpid())
+        kwargs["preexec_fn"] = _tie_to_starter(os.getpid(), _guardian())
     return popen(list(argv), env=dict(env), stdin=stdin, start_new_session=True, **streams, **kwargs)
+
+
+def release_session(pid: int) -> None:
+    """The session led by ``pid`` (started by :func:`start_session`) has been stopped: the guardian ends whatever
+    is left of it (process groups its members made included) and stops watching it. Unknown pids are ignored."""
+    with _GUARDIAN_LOCK:
+        guardian = _GUARDIAN
+    if guardian is not None and guardian.owner == os.getpid():
+        guardian.release(pid)
 
 
 @contextlib.contextmanager
@@ -144,9 +184,11 @@ class ProcessHandle:
         signal_group(self.proc.pid, sig)
 
     def release(self) -> None:
-        """Close its channel, if it has one (the remote side then stops the worker)."""
+        """Close its channel, if it has one (the remote side then stops the worker), and end what is left of its
+        session (:func:`release_session`)."""
         if self.channel is not None:
             try:
                 self.channel.close()
             except OSError:
                 pass
+        release_session(self.proc.pid)

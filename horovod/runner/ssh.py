@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from horovod.common import config
 from horovod.common.exceptions import HorovodError
-from horovod.runner.procgroup import signal_group, start_session
+from horovod.runner.procgroup import release_session, signal_group, start_session
 
 # Host-specific variables a remote worker takes from its own host's login, not from the launcher's environment.
 HOST_SPECIFIC_VARS = frozenset({
@@ -186,6 +186,7 @@ def _check_one(ssh: SshConfig, host: str, probes: Sequence[str], env: Mapping[st
         code = None
     finally:
         signal_group(proc.pid, signal.SIGKILL)
+        release_session(proc.pid)
     return explain_check(host, code, out, err, probes, ssh.timeout)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 from horovod.common.config import environ_snapshot
 from horovod.runner import mux
-from horovod.runner.procgroup import forward_signals, signal_group, start_session
+from horovod.runner.procgroup import forward_signals, signal_group, signal_sessions, start_session
 
 __all__ = ["make_host_payload", "parse_host_payload", "run_host"]
 
@@ -179,10 +179,9 @@ class _Host:
                 self.send(rank, mux.EXIT, str(child.returncode).encode())
 
     def signal_all(self, sig: int) -> None:
-        """Signal every worker still running (its whole process group)."""
-        for rank, child in self.children.items():
-            if rank not in self.reported:
-                signal_group(child.pid, sig)
+        """Signal every worker still running: each process group of its session (a wrapper's, and any a process
+        under it made for itself, as ``timeout`` does), so a stop reaches the worker under any wrapper."""
+        signal_sessions([child.pid for rank, child in self.children.items() if rank not in self.reported], sig)
 
 
 def run_host(stdin_fd: int, out_fd: int, payload_line: bytes) -> int:
@@ -207,6 +206,5 @@ def run_host(stdin_fd: int, out_fd: int, payload_line: bytes) -> int:
     with forward_signals(lambda signum: host.stopping.append(time.monotonic()),
                          (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
         host.relay(len(payload["workers"]))
-    for child in host.children.values():
-        signal_group(child.pid, signal.SIGKILL)   # whatever a worker left behind in its group
+    signal_sessions([child.pid for child in host.children.values()], signal.SIGKILL)   # whatever workers left
     return 0

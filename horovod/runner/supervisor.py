@@ -150,7 +150,7 @@ class Supervisor:
         attach, notify = getattr(handle, "attach_output", None), getattr(handle, "notify_exit", None)
         if attach is not None and notify is not None:
             # A worker whose output and exit are pushed (many workers over one channel): no thread of its own.
-            attach(lambda stream, line: self.sink.write(key, stream, line))
+            attach(lambda stream, text, end: self.sink.write(key, stream, text, end))
             notify(lambda code: self._events.put((key, handle.pid, code)))
             return
         for stream, pipe in (("stdout", handle.stdout), ("stderr", handle.stderr)):

@@ -16,14 +16,15 @@ import threading
 from typing import Callable, Dict, List, Optional
 
 from horovod.runner import mux
-from horovod.runner.procgroup import signal_group
+from horovod.runner.output import PieceSplitter, relay_pieces
+from horovod.runner.procgroup import release_session, signal_group
 
 __all__ = ["HostChannel", "RemoteWorker", "CLOSE_SECONDS"]
 
 CLOSE_SECONDS = 5.0     # how long a closed channel's ssh client may take to end by itself
 _STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGKILL, signal.SIGHUP)
 
-Deliver = Callable[[str, str], None]
+Deliver = Callable[[str, str, str], None]     # (stream, text, end): see horovod.runner.output.PieceSplitter
 
 
 class HostChannel:
@@ -36,7 +37,7 @@ class HostChannel:
         self.exits: Dict[int, int] = {}
         self._deliver: Dict[int, Deliver] = {}
         self._held: Dict[int, List] = {rank: [] for rank in ranks}     # output before the supervisor attached
-        self._partial: Dict[tuple, bytes] = {}
+        self._splitters: Dict[tuple, PieceSplitter] = {}     # per (rank, stream): what a piece holds is bounded
         self._on_exit: Dict[int, Callable[[int], None]] = {}
         self._released: set = set()
         self._stopped: set = set()                     # ranks asked to stop (SIGTERM, SIGINT, SIGKILL...)
@@ -49,37 +50,31 @@ class HostChannel:
     # -- output and exits ----------------------------------------------------------------------------------------
 
     def attach(self, rank: int, deliver: Deliver) -> None:
-        """Deliver ``rank``'s output lines to ``deliver`` from now on, first those held until now."""
+        """Deliver ``rank``'s output pieces to ``deliver`` from now on, first those held until now."""
         with self._lock:
             self._deliver[rank] = deliver
             held, self._held[rank] = self._held.get(rank, []), []
-        for stream, line in held:
-            deliver(stream, line)
+        for stream, text, end in held:
+            deliver(stream, text, end)
 
-    def _emit(self, rank: int, stream: str, line: str) -> None:
+    def _emit(self, rank: int, stream: str, text: str, end: str = "\n") -> None:
         with self._lock:
             deliver = self._deliver.get(rank)
             if deliver is None:
-                self._held.setdefault(rank, []).append((stream, line))
+                self._held.setdefault(rank, []).append((stream, text, end))
                 return
-        deliver(stream, line)
+        deliver(stream, text, end)
 
     def _chunk(self, rank: int, stream: str, data: bytes) -> None:
-        data = self._partial.pop((rank, stream), b"") + data
-        *lines, rest = data.split(b"\n")
-        for line in lines:
-            self._emit(rank, stream, line.decode(errors="replace"))
-        if rest:
-            if len(rest) > mux.MAX_CHUNK:    # a line without end (a progress bar): pass it on in pieces
-                self._emit(rank, stream, rest.decode(errors="replace"))
-            else:
-                self._partial[(rank, stream)] = rest
+        splitter = self._splitters.setdefault((rank, stream), PieceSplitter())
+        for text, end in splitter.feed(data):
+            self._emit(rank, stream, text, end)
 
     def _flush(self, rank: int) -> None:
         for stream in ("stdout", "stderr"):
-            rest = self._partial.pop((rank, stream), b"")
-            if rest:
-                self._emit(rank, stream, rest.decode(errors="replace"))
+            splitter = self._splitters.pop((rank, stream), None)
+            for text, end in splitter.finish() if splitter is not None else ():
+                self._emit(rank, stream, text, end)
 
     def _exited(self, rank: int, code: int) -> None:
         self._flush(rank)
@@ -110,14 +105,14 @@ class HostChannel:
         except (OSError, ValueError) as exc:
             self._emit(self.ranks[0], "stderr", f"horovodrun: the channel to this host failed: {exc}")
         code = self.proc.wait()
+        release_session(self.proc.pid)      # whatever the ssh client left behind (a ProxyCommand)
         # The connection ended (ssh failed or the host went away): the workers not reported end with ssh's status.
         for rank in self.ranks:
             if rank not in self.exits:
                 self._exited(rank, code if code != 0 else 255)
 
     def _read_ssh_errors(self) -> None:
-        for raw in iter(self.proc.stderr.readline, b""):
-            self._emit(self.ranks[0], "stderr", raw.rstrip(b"\n").decode(errors="replace"))
+        relay_pieces(self.proc.stderr, lambda text, end: self._emit(self.ranks[0], "stderr", text, end))
 
     # -- control -------------------------------------------------------------------------------------------------
 
@@ -192,7 +187,8 @@ class RemoteWorker:
         return self.channel.proc.pid
 
     def attach_output(self, deliver: Deliver) -> None:
-        """Have the worker's output lines delivered as ``deliver(stream, line)``, from the channel's thread."""
+        """Have the worker's output delivered as ``deliver(stream, text, end)`` pieces
+        (:class:`~horovod.runner.output.PieceSplitter`), from the channel's thread."""
         self.channel.attach(self.rank, deliver)
 
     def notify_exit(self, callback: Callable[[int], None]) -> None:
