@@ -3,7 +3,8 @@
 Each test failed before its fix: the store read an unauthenticated body before checking the signature, kept silent
 or trickling clients' threads for ever, printed a traceback per client that hung up early, spun on a signed
 ``wait=nan``, accepted a replay on a second listener of the same store; the client waited ~90 s on a store that
-accepts and never answers, whatever its timeout. Also: shared-memory wake-up names do not reveal segment names.
+accepts and never answers, whatever its timeout. Also: shared-memory segment and wake-up names are keyed hashes that
+reveal nothing without the secret.
 """
 
 import contextlib
@@ -161,10 +162,15 @@ def test_the_client_gives_up_within_its_timeout_on_a_store_that_never_answers():
         listener.close()
 
 
-def test_wake_up_names_do_not_reveal_segment_names():
-    prefix = f"hvdpy-{shm.job_token(make_secret(), 'job.mesh.1')}-0"
-    names = [shm.wake_name(prefix, rank) for rank in range(4)]
-    assert len(set(names)) == 4
-    assert all(prefix not in name and shm.job_token(b"", "")[:8] not in name for name in names)
-    assert all(prefix.split("-")[1] not in name for name in names)
+def test_wake_up_and_segment_names_reveal_nothing_without_the_secret():
+    secret = make_secret()
+    token = shm.job_token(secret, "job.mesh.1")
+    prefix = f"hvdpy-{token}-s0"
+    wakes = [shm.wake_name(secret, prefix, rank) for rank in range(4)]
+    segments = [shm.segment_name(secret, prefix, rank, generation) for rank in range(4) for generation in (1, 2)]
+    names = wakes + segments
+    assert len(set(names)) == len(names)
+    assert all(name.startswith("hvdpy-") and token not in name for name in names)
+    # The same fields under another secret give other names: nothing but the secret makes them.
+    assert shm.segment_name(make_secret(), prefix, 0, 1) != shm.segment_name(secret, prefix, 0, 1)
 

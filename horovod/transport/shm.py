@@ -5,6 +5,11 @@ into their own segment and read their peers' directly, so bytes between ranks of
 Segments are unlinked as soon as every peer has mapped them, so nothing is left behind in ``/dev/shm`` even when a
 process is killed.
 
+Any local user can watch ``/dev/shm`` and may create files there, so a name the job will use must not follow from one
+it has used: another user who could derive the next generation's names (or another process set's) would create them
+first, and the job would fail on ``File exists``. Every file name and wake-up socket name is therefore a keyed hash
+(HMAC with the job's secret) of everything that tells the names apart; only the ``hvdpy-`` start is recognisable.
+
 Barriers count in the segments' headers: a rank arriving writes its count, and a waiting rank spins on its peers'
 counts briefly (only while every local rank has a core), then sleeps on a wake-up socket of its own, saying so in its
 header; an arriving rank that sees a peer asleep on this barrier sends it a datagram. A barrier whose peers arrive
@@ -17,6 +22,7 @@ up after the transport's timeout. Before the segments are first mapped, barriers
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import mmap
 import os
@@ -31,8 +37,8 @@ import numpy as np
 
 from horovod.common.exceptions import HorovodInternalError
 
-__all__ = ["SHM_DIR", "SPIN_SECONDS", "COUNTER_BARRIERS", "spin_seconds", "available", "job_token", "wake_name",
-           "ShmSegments"]
+__all__ = ["SHM_DIR", "SPIN_SECONDS", "COUNTER_BARRIERS", "spin_seconds", "available", "job_token", "segment_name",
+           "wake_name", "ShmSegments"]
 
 log = logging.getLogger("horovod")
 
@@ -68,14 +74,27 @@ def available() -> bool:
 
 
 def job_token(secret: bytes, scope: str) -> str:
-    """A name prefix private to one job (derived from its secret), so jobs never map each other's segments."""
+    """A token private to one job (derived from its secret) that its groups' names start from, so jobs never map each
+    other's segments; it never appears in a file or socket name (see :func:`segment_name`)."""
     return hashlib.sha256(secret + scope.encode()).hexdigest()[:16]
 
 
-def wake_name(prefix: str, rank: int) -> str:
-    """The abstract socket name ``rank`` is woken on: any local user can list these names (``/proc/net/unix``),
-    so they must not reveal the segments' prefix, which would let another user pre-create a job's segments."""
-    return "hvdpy-w-" + hashlib.sha256(f"wake:{prefix}:{rank}".encode()).hexdigest()[:32]
+def _keyed_name(secret: bytes, *fields) -> str:
+    """``hvdpy-`` and 128 bits of HMAC-SHA256 of ``fields`` under the job's secret: without the secret, no such name
+    tells anything about another."""
+    message = "\0".join(str(field) for field in fields).encode()
+    return "hvdpy-" + hmac.new(secret, message, hashlib.sha256).hexdigest()[:32]
+
+
+def segment_name(secret: bytes, prefix: str, rank: int, generation: int) -> str:
+    """The ``/dev/shm`` file name of ``rank``'s segment of generation ``generation`` in the group named ``prefix``."""
+    return _keyed_name(secret, "segment", prefix, rank, generation)
+
+
+def wake_name(secret: bytes, prefix: str, rank: int) -> str:
+    """The abstract socket name ``rank`` is woken on. Any local user can list these names (``/proc/net/unix``), so,
+    like the segments' names, they are keyed hashes that reveal nothing about any other name."""
+    return _keyed_name(secret, "wake", prefix, rank)
 
 
 class ShmSegments:
@@ -99,7 +118,8 @@ class ShmSegments:
         self._asleep: List[np.ndarray] = []  # per segment: the barrier its rank sleeps in, 0 when awake
         self._wake: Optional[socket.socket] = None     # datagrams from peers that saw us asleep
         self._wake_timeout = 0.0
-        self._wake_names = ["\0" + wake_name(prefix, rank) for rank in self.ranks]
+        self._secret = transport.secret
+        self._wake_names = ["\0" + wake_name(self._secret, prefix, rank) for rank in self.ranks]
         self._wake_failed = False
         if COUNTER_BARRIERS:
             try:
@@ -256,7 +276,7 @@ class ShmSegments:
     # -- segments ---------------------------------------------------------------------------------------------------
 
     def _path(self, position: int, generation: int) -> str:
-        return os.path.join(SHM_DIR, f"{self.prefix}-{self.ranks[position]}-{generation}")
+        return os.path.join(SHM_DIR, segment_name(self._secret, self.prefix, self.ranks[position], generation))
 
     def ensure(self, nbytes: int) -> None:
         """Grow every segment to at least ``nbytes`` (collective: every rank calls it with the same size)."""
