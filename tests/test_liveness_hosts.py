@@ -205,3 +205,46 @@ def test_cut_link_at_8_hosts_every_survivor_names_the_lost_host_and_horovodrun_e
         assert re.search(rf"Root cause: rank 1[5-7] on {re.escape(cut.address)} was lost", err), err[-3000:]
         for host in hosts:
             _wait_for(lambda: not cluster.worker_pids(host), 15, f"the processes on {host.address} to end")
+
+
+_OVERLAP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gil_overlap_worker.py")
+
+
+def test_a_45_s_gil_holding_call_overlapping_a_400_mb_allreduce_completes_across_hosts(cluster, tmp_path):
+    # Default settings (collective timeout 30 s, busy-peer bound 300 s): one warning for the job at 30 s, no error.
+    a, b = cluster.hosts
+    proc = _launch(cluster, ["-np", "2", "-H", f"{a.address}:1,{b.address}:1", sys.executable, _OVERLAP_WORKER,
+                             str(tmp_path), "45", "400"], tmp_path)
+    out, err = _finish(proc, 200)
+    assert proc.returncode == 0, err[-3000:]
+    assert "[0]<stdout>:OK rank=0 correct=True" in out and "[1]<stdout>:OK rank=1 correct=True" in out, out
+    held, ticks = re.search(r"held the GIL for ([\d.]+) s; the ticker ran (\d+) times", out).groups()
+    assert float(held) >= 44 and int(ticks) <= 3, f"the call did not hold the GIL throughout: {held} s, {ticks}"
+    warnings = [line for line in err.splitlines() if "has made no progress" in line]
+    assert len(warnings) == 1 and f"rank 1 on host {b.address}" in warnings[0], err[-3000:]
+    assert "was lost" not in err, err[-3000:]
+
+
+def test_a_rank_killed_inside_a_gil_holding_call_across_hosts_is_reported_within_the_bounds(cluster, tmp_path):
+    a, b = cluster.hosts
+    proc = _launch(cluster, ["-np", "2", "-H", f"{a.address}:1,{b.address}:1", sys.executable, _OVERLAP_WORKER,
+                             str(tmp_path), "120", "64"], tmp_path)
+    try:
+        holding = tmp_path / "holding.1"
+        _wait_for(lambda: holding.exists() and holding.read_text() or proc.poll() is not None, 90,
+                  "rank 1 to start its call")
+        assert proc.poll() is None, proc.communicate()
+        killed_at = time.time()
+        os.kill(int(holding.read_text()), signal.SIGKILL)    # the namespaces share this machine's process ids
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("horovodrun still ran 15 s after rank 1 was killed")
+    finally:
+        if proc.poll() is None:
+            _finish(proc, 1)
+    assert proc.returncode != 0
+    when, message = (tmp_path / "error.0").read_text().split(" ", 1)
+    assert float(when) - killed_at < 12, f"rank 0 raised {float(when) - killed_at:.1f} s after the kill"
+    assert f"rank 1 on host {b.address} was lost" in message, message
+    assert re.search(rf"Root cause: rank 1 on {re.escape(b.address)}", err), err[-3000:]

@@ -24,6 +24,7 @@ import errno
 import os
 import resource
 import socket
+import struct
 import threading
 import time
 from typing import Dict, List, Optional, Set, Tuple
@@ -81,6 +82,30 @@ def watch_liveness(sock: socket.socket, seconds: float) -> None:
     for level, option, value in options:
         try:
             sock.setsockopt(level, option, value)
+        except OSError:
+            pass
+
+
+_TCPI_UNACKED = 24     # struct tcp_info: eight one-byte fields, then rto, ato, snd_mss, rcv_mss, unacked
+
+
+def window_closed(sock: socket.socket) -> bool:
+    """Whether the peer's kernel acknowledged every byte sent on ``sock`` while more wait to go: its receive window
+    is closed because its process does not read (busy, or stopped), so the peer is alive, not lost."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except (OSError, AttributeError):
+        return False
+    return len(info) >= 28 and struct.unpack_from("I", info, _TCPI_UNACKED)[0] == 0
+
+
+def hold_open(sock: socket.socket, seconds: float) -> None:
+    """Bound unacknowledged data and unanswered window probes on ``sock`` by ``seconds`` (0: the kernel's own
+    retries, many minutes) instead of the liveness timeout: Linux applies ``TCP_USER_TIMEOUT`` to a closed window
+    too, and would cut a peer that is merely busy."""
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
         except OSError:
             pass
 

@@ -34,7 +34,8 @@ from typing import Dict, List, Optional, Sequence
 from horovod.common.exceptions import HorovodInternalError
 from horovod.transport import wire
 from horovod.transport.duplex import PollDuplex
-from horovod.transport.mesh import FORKED, DescriptorLimitError, MeshSetup, forked, watch_liveness
+from horovod.transport.mesh import (FORKED, DescriptorLimitError, MeshSetup, forked, hold_open, watch_liveness,
+                                    window_closed)
 from horovod.transport.patience import Patience
 from horovod.transport.reactor import Reactor, SendFuture
 
@@ -212,6 +213,22 @@ class TcpTransport(MeshSetup):
     def resumed(self) -> None:
         """Bytes moved again after :meth:`waiting` was called."""
         self.patience.resumed()
+
+    def send_blocked(self, peer: int) -> bool:
+        """A send to ``peer`` has not moved for a while: when its kernel took every byte and closed its window, the
+        peer is alive but not reading, and the connection is held open up to the busy-peer bound instead of being
+        cut at the liveness timeout. Whether it was (the caller calls :meth:`send_moved` once bytes move)."""
+        sock = self._socks.get(peer)
+        if sock is None or sock.family == socket.AF_UNIX or self.liveness <= 0 or not window_closed(sock):
+            return False
+        hold_open(sock, self.patience.bound)
+        return True
+
+    def send_moved(self, peer: int) -> None:
+        """Bytes to ``peer`` moved again after :meth:`send_blocked` held its connection open: liveness as before."""
+        sock = self._socks.get(peer)
+        if sock is not None:
+            hold_open(sock, self.liveness)
 
     def _silent_peer(self, peer: int, silent_for: float) -> None:
         """``peer`` owes a control message while its connection is alive: busy (a long call that holds its GIL) or
