@@ -14,8 +14,9 @@ connection so that the other ranks learn of the failure at once instead of waiti
 Liveness is the kernel's, separate from progress: every TCP connection has keepalive probes and a bound on
 unacknowledged data (``HOROVOD_LIVENESS_TIMEOUT``), which the peer's kernel answers whatever its Python does (a rank
 inside a minute-long call that holds the GIL stays alive), so a host that is down or cut off is lost within the
-liveness timeout, a dead process at once (its kernel closes the connection), and the collective timeout
-(``HOROVOD_GLOO_TIMEOUT_SECONDS``) only bounds a collective that makes no progress while its peers are alive.
+liveness timeout, a dead process at once (its kernel closes the connection). A live peer that sends nothing is
+busy, and is waited on (:mod:`horovod.transport.patience`: a warning every ``HOROVOD_GLOO_TIMEOUT_SECONDS``, failure
+only past ``HOROVOD_BUSY_PEER_TIMEOUT_SECONDS``).
 
 How the mesh is made (listening, dialling, authenticating, refusing strangers) is :mod:`horovod.transport.mesh`'s.
 """
