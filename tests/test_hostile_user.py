@@ -360,10 +360,10 @@ LATE_PEER = textwrap.dedent(f"""
 """)
 
 
-def _crowd_each_listener(server, attack, stop, told):
+def _crowd_each_listener(server, attack, stop, told, size=2):
     """Point the attacker at each rank's TCP port and Unix socket as soon as the rank publishes them."""
-    while not stop.is_set() and len(told) < 2:
-        for rank in (0, 1):
+    while not stop.is_set() and len(told) < size:
+        for rank in range(size):
             record = server.store.get("job.mesh.1", str(rank))
             if record is None or rank in told:
                 continue
@@ -422,6 +422,76 @@ def test_a_crowd_on_every_listener_does_not_keep_a_late_rank_out(stranger, tmp_p
           f"late); attacker dials, cuts, most held per listener: {stats}")
     assert took <= LATE + 1.0, f"the job started {took:.2f} s after its first rank's init with every listener " \
                                f"crowded (at most {LATE + 1.0:g})"
+
+
+# -- item 1, mid-job: a connection opened on demand while every listener is crowded ---------------------------------
+
+ON_DEMAND = textwrap.dedent("""
+    import time
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.runner.run_task import client_from_env
+    from horovod.runtime.basics import context
+    client = client_from_env()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    hvd.broadcast(np.ones(3), root_rank=0)          # star negotiation, a binomial tree (0-2, 0-1, 2-3): not 1-3
+    client.put("test", f"ready.{rank}", " ".join(map(str, sorted(context().engine.transport._socks))).encode())
+    client.get("test", "go", timeout=60)
+    begun = time.time()
+    got, _ = hvd.alltoall(np.full(size, float(rank)), name="everyone")   # needs every pair: 1-3 opens now
+    assert got.tolist() == [float(r) for r in range(size)], got
+    print("STARTED", rank, repr(begun), repr(time.time()), flush=True)
+    hvd.shutdown()
+""")
+
+# Ranks 1 and 3 on different host names: the connection opened mid-job is TCP; on one host it is a Unix socket.
+ON_DEMAND_PATHS = {"unix": [HostInfo("localhost", 4)], "tcp": [HostInfo("localhost", 2), HostInfo("127.0.0.1", 2)]}
+
+
+@pytest.mark.parametrize("path", sorted(ON_DEMAND_PATHS))
+def test_a_connection_opened_mid_job_gets_in_while_every_listener_is_crowded(stranger, tmp_path, path):
+    script = tmp_path / "on_demand.py"
+    script.write_text(ON_DEMAND)
+    hosts = get_host_assignments(ON_DEMAND_PATHS[path], 4)
+    launch = LaunchConfig((sys.executable, str(script)), tuple(hosts), extra_env={
+        **package_pythonpath(), "HOROVOD_NEGOTIATION": "star", "HOROVOD_SHM_DISABLE": "1"})
+    out, err = io.StringIO(), io.StringIO()
+    attack = stranger.start(CROWD_ATTACKER, str(CROWD))
+    stop, told, result = threading.Event(), {}, {}
+    try:
+        with rendezvous_service() as (server, rendezvous):
+            pointer = threading.Thread(target=_crowd_each_listener, args=(server, attack, stop, told, 4),
+                                       daemon=True)
+            pointer.start()
+            job = threading.Thread(target=lambda: result.update(r=launch_local(launch, rendezvous, out, err,
+                                                                               timeout=60)))
+            job.start()
+            deadline = time.monotonic() + 60
+            while not all(server.store.get("test", f"ready.{r}") is not None for r in range(4)):
+                assert job.is_alive() and time.monotonic() < deadline, err.getvalue()[-3000:]
+                time.sleep(0.02)
+            ready = {r: server.store.get("test", f"ready.{r}").decode().split() for r in range(4)}
+            pointer.join(10)
+            for rank in (1, 3):     # either end may dial: both listeners full before the pair connects
+                host, port, unix_name = told[rank]
+                target = f"unix:{unix_name}" if path == "unix" else f"tcp:{host}:{port}"
+                attack.wait_for(lambda words: words[:3] == ["held", target, "64"], 20)
+            go = time.time()
+            server.store.put("test", "go", b"1")
+            job.join(70)
+            stop.set()
+    finally:
+        stop.set()
+        attack.stop()
+    assert not job.is_alive(), "the job did not end within 70 s"
+    assert "3" not in ready[1] and "1" not in ready[3], f"ranks 1 and 3 were connected before the alltoall: {ready}"
+    assert result["r"].ok, err.getvalue()[-3000:]
+    started = _started(out.getvalue())
+    assert sorted(started) == [0, 1, 2, 3], out.getvalue()
+    took = max(done for _, done in started.values()) - go
+    print(f"{path}: the alltoall that opened ranks 1-3's connection under the crowd took {took:.2f} s")
+    assert took <= 3.0, f"an alltoall needing a new connection took {took:.2f} s with every listener crowded"
 
 
 # -- item 2: the rendezvous store crowded ------------------------------------------------------------------------
