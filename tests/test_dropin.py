@@ -181,7 +181,9 @@ def test_diagnosis_of_a_lost_host_names_it_not_the_survivor_that_exited_first():
     assert verdict.headline() == ("rank 2 on h was lost, as rank 0 reported first: its connection showed no sign of "
                                   "life for 10 s (HOROVOD_LIVENESS_TIMEOUT); its host is down or unreachable")
     text = summary(result, records)
-    assert "Root cause, rank" not in text and "Process name: 0\n" in text     # Horovod's block: the first exit
+    # Horovod's block names the lost rank too, saying it is the cause rather than the first to exit: no line of the
+    # summary names the survivor that exited first as the failure.
+    assert "Root cause, rank" not in text and "The process that caused it was:\nProcess name: 2\n" in text
     assert "rank 0 failed as a consequence" in text and "rank 1 failed as a consequence" in text
     # A lost rank that reported a failure itself is no lost host: the first failure stays the verdict.
     own = FailureRecord(2, 10.0, "HorovodInternalError", "rank 0 was lost", consequence=True)

@@ -173,7 +173,7 @@ def test_worker_killed_by_signal_is_the_first_failure():
         result = group.wait(timeout=30)
     assert result.first_failure == WorkerExit(1, "localhost", -9)
     assert result.exits[0].returncode == -signal.SIGTERM
-    assert "Terminating remaining workers after failure of Process 1." in messages
+    assert "Process 1 exit with status code -9." in messages
     assert live_processes(group.pids) == []
 
 

@@ -30,6 +30,11 @@ SCOPE = "failures"
 MAX_TRACEBACK_CHARS = 16000
 # How the transport names a peer it lost (``rank 2 on host 10.0.0.3 was lost: <why>``, horovod.transport.tcp).
 _LOST = re.compile(r"\brank (\d+)(?: on host (\S+))? was lost(?:: (.*))?", re.DOTALL)
+# How the transport names a live peer that made no progress for the busy-peer bound (horovod.transport.patience).
+_STUCK = re.compile(r"\brank (\d+)(?: on host (\S+))?(?: \(rank \d+ waits on it through rank \d+\))? made no "
+                    r"progress (.*)", re.DOTALL)
+# How the engine words a failure of its own thread (a bug, not a lost peer): horovod.core.engine.
+_ENGINE_FAILED = "Horovod background loop failed on rank {rank}:"
 _HANDLE = ("horovod.core.handles", "Handle")
 _REQUEST = ("horovod.common.types", "Request")
 
@@ -77,6 +82,15 @@ class FailureRecord:
         """``(rank, host, why)`` of the peer this consequence says was lost (host and why may be ""); else None."""
         return lost_peer(self.message) if self.consequence else None
 
+    def stuck_peer(self) -> Optional[Tuple[int, str, str]]:
+        """``(rank, host, what)`` of the live peer this consequence says made no progress for the busy-peer bound;
+        else None."""
+        if not self.consequence:
+            return None
+        found = _STUCK.search(self.message)
+        return (int(found.group(1)), found.group(2) or "", f"made no progress {found.group(3).strip()}") \
+            if found else None
+
 
 def lost_peer(message: str) -> Optional[Tuple[int, str, str]]:
     """``(rank, host, why)`` when ``message`` says a peer was lost, as the transport words it; else None."""
@@ -107,7 +121,8 @@ def describe_exception(rank: int, error: BaseException, when: Optional[float] = 
     name = kind.__name__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
     return FailureRecord(rank=rank, time=time.time() if when is None else when, exc_type=name,
                          message=_message(error), traceback=text[-MAX_TRACEBACK_CHARS:],
-                         consequence=isinstance(error, HorovodInternalError),
+                         consequence=isinstance(error, HorovodInternalError)
+                         and _ENGINE_FAILED.format(rank=rank) not in _message(error),
                          waiting_for=waiting_for(error.__traceback__))
 
 

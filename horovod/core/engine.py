@@ -306,7 +306,9 @@ class Engine:
             self._end_loop(str(exc))
         except Exception as exc:  # a bug must fail the job loudly, never hang it
             log.exception("Horovod loop failed")
-            self._end_loop(f"Horovod background loop failed on rank {self.rank}: {exc!r}")
+            account = f"Horovod background loop failed on rank {self.rank}: {exc!r}"
+            getattr(self.transport, "fail_own", lambda _: None)(account)    # so that the others name us, and why
+            self._end_loop(account)
 
     def _end_loop(self, error: Optional[str]) -> None:
         """The loop ends (shutdown or failure): fail what is pending; every later submission fails at once."""

@@ -5,7 +5,8 @@ The order in which the launcher sees processes exit is not the order in which th
 may still be shutting down when a survivor, whose collective ended with ``HorovodInternalError`` because of it, has
 already exited. :func:`diagnose` decides, by these rules, in order:
 
-1. a rank that raised anything but ``HorovodInternalError`` (the earliest such report) is the root cause;
+1. a rank that raised anything but ``HorovodInternalError``, or whose own engine thread failed (the earliest such
+   report), is the root cause;
 2. else a rank that failed without reporting (killed by a signal, ``sys.exit(1)``) and that the launcher saw fail
    first is the root cause;
 3. else, when a rank exited normally, the job failed because that rank finished while the others still waited
@@ -13,10 +14,13 @@ already exited. :func:`diagnose` decides, by these rules, in order:
 4. else, when the consequences say a peer was lost (its host cut off or down, its process killed) and that peer
    reported nothing itself, that peer is the root cause: the survivors that saw it go exit first, but they are not
    the cause (the first of them to report it is quoted);
+4a. else, when the consequences say a live peer made no progress for the busy-peer bound (a long call holding its
+   GIL, a stopped process), that peer is the root cause: stuck, not lost;
 5. else, when the consequences say that ranks never registered at start-up (they did not reach ``hvd.init()``, or
    their hosts could not reach the launcher) and those ranks reported nothing, they are the root cause, named with
    their hosts;
-6. else the first failure the launcher saw.
+6. else the first failure the launcher saw; a rank that failed without a record (before ``hvd.init()``: a missing
+   module, a typo) is quoted from the traceback it printed to stderr.
 
 It is a pure function; :func:`summary` turns its verdict into what ``horovodrun`` prints.
 """
@@ -35,8 +39,8 @@ __all__ = ["Diagnosis", "diagnose", "summary", "read_records"]
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
-    """The verdict: ``rank`` caused the failure (``kind``: ``raised``, ``died``, ``finished``, ``lost`` or ``failed``);
-    for ``lost``, ``record`` is the first survivor's report of it."""
+    """The verdict: ``rank`` caused the failure (``kind``: ``raised``, ``died``, ``finished``, ``lost``, ``stuck``,
+    ``unregistered`` or ``failed``); for ``lost`` and ``stuck``, ``record`` is the first survivor's report of it."""
 
     rank: int
     kind: str
@@ -44,6 +48,7 @@ class Diagnosis:
     record: Optional[FailureRecord] = None
     waiter: Optional[FailureRecord] = None  # for ``finished``: the first rank left waiting
     absent: Tuple[Tuple[int, str], ...] = ()  # for ``unregistered``: every such rank with its host
+    said: str = ""                          # for ``died`` and ``failed`` without a record: the traceback it printed
 
     def headline(self) -> str:
         """One line saying what happened."""
@@ -60,6 +65,10 @@ class Diagnosis:
             host = f" on {self.exit.hostname}" if self.exit else f" on {named_host}" if named_host else ""
             said = f": {why}" if why else ""
             return f"rank {self.rank}{host} was lost, as rank {self.record.rank} reported first{said}"
+        if self.kind == "stuck":
+            _, named_host, what = self.record.stuck_peer()
+            host = f" on {self.exit.hostname}" if self.exit else f" on {named_host}" if named_host else ""
+            return f"rank {self.rank}{host} was alive but stuck, as rank {self.record.rank} reported first: it {what}"
         if self.kind == "unregistered":
             hosts = sorted({h for _, h in self.absent if h})
             ranks = ", ".join(str(r) for r, _ in self.absent)
@@ -68,7 +77,7 @@ class Diagnosis:
                     f"timeout: they did not reach hvd.init(), or could not reach the launcher (as rank "
                     f"{self.record.rank} reported)")
         how = self.exit.describe() if self.exit else "an unknown status"
-        what = f": {self.record.headline()}" if self.record else ""
+        what = f": {self.record.headline()}" if self.record else f": {_last_line(self.said)}" if self.said else ""
         return f"rank {self.rank}{host} ended with {how}{what}"
 
 
@@ -99,7 +108,7 @@ def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Di
     if first is None:
         return None
     if first.rank not in failures:
-        return Diagnosis(first.rank, "died", first)
+        return Diagnosis(first.rank, "died", first, said=_traceback_in(result.tails.get(first.rank, "")))
     # Every failure is a consequence: a rank that shut down normally (or exited 0) left the others waiting. Which
     # process the launcher saw exit first is a matter of milliseconds, and the finished one may even have been
     # stopped by the launcher after the first failure: its own record says it finished.
@@ -114,11 +123,28 @@ def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Di
         if lost is not None and lost[0] not in failures:   # (a rank that reported is not lost)
             return Diagnosis(lost[0], "lost", exits.get(lost[0]), record)
     for record in sorted(failures.values(), key=lambda r: r.time):
+        stuck = record.stuck_peer()
+        if stuck is not None and stuck[0] not in failures:
+            return Diagnosis(stuck[0], "stuck", exits.get(stuck[0]), record)
+    for record in sorted(failures.values(), key=lambda r: r.time):
         absent = [rank for rank in _unregistered(record) if rank not in failures]
         if absent:
             hosts = tuple((rank, exits[rank].hostname if rank in exits else "") for rank in absent)
             return Diagnosis(absent[0], "unregistered", exits.get(absent[0]), record, absent=hosts)
-    return Diagnosis(first.rank, "failed", first, failures.get(first.rank))
+    record = failures.get(first.rank)
+    return Diagnosis(first.rank, "failed", first, record,
+                     said="" if record is not None else _traceback_in(result.tails.get(first.rank, "")))
+
+
+def _traceback_in(tail: str) -> str:
+    """The last Python traceback in a rank's stderr ("" when there is none)."""
+    start = tail.rfind("Traceback (most recent call last):")
+    return tail[start:].rstrip() if start >= 0 else ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 _UNREGISTERED = re.compile(r"ranks? ([\d, ]+?)(?: and \d+ more)? of \d+ did not register")
@@ -138,14 +164,16 @@ def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     if verdict is None:
         return ""
     lines = []
-    if verdict.record is not None and verdict.record.traceback and verdict.kind not in ("lost", "unregistered"):
+    if verdict.record is not None and verdict.record.traceback and verdict.kind not in ("lost", "stuck",
+                                                                                       "unregistered"):
         lines.append(f"Root cause, rank {verdict.rank}:\n{verdict.record.traceback.rstrip()}\n")
-    # Horovod's block names a process that exited non-zero: the root cause's, unless that rank finished normally or
-    # was lost (the launcher learns of a lost rank's end last, if at all).
-    exit_ = result.first_failure if verdict.kind in ("finished", "lost", "unregistered") \
-        else verdict.exit or result.first_failure
+    elif verdict.said:
+        lines.append(f"Root cause, rank {verdict.rank}:\n{verdict.said}\n")
+    # Horovod's block names the root cause's process (and says so when it is not the first that exited non-zero),
+    # so that no two lines disagree about which rank failed first; a rank whose end the launcher never saw has none.
+    exit_ = verdict.exit or {e.rank: e for e in result.exits}.get(verdict.rank)
     if exit_ is not None:
-        lines.append(failure_message(exit_).rstrip("\n"))
+        lines.append(failure_message(exit_, first=exit_ == result.first_failure).rstrip("\n"))
     lines.append(f"Root cause: {verdict.headline()}.")
     others = [r for r in sorted(_failures(records).values(), key=lambda r: r.time) if r.rank != verdict.rank]
     for record in others:

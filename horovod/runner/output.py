@@ -10,16 +10,18 @@ it is drawn, its ``\r`` kept so that a terminal redraws it too), and inside a li
 from __future__ import annotations
 
 import codecs
+import collections
 import datetime
 import os
 import re
 import sys
 import threading
-from typing import IO, Callable, Dict, Hashable, List, Optional, TextIO, Tuple
+from typing import IO, Callable, Deque, Dict, Hashable, List, Optional, TextIO, Tuple
 
 __all__ = ["OutputSink", "PieceSplitter", "relay_pieces", "relay_lines", "PIECE_CHARS", "READ_BYTES"]
 
 PIECE_CHARS = 64 * 1024      # the longest piece held back waiting for its line end
+TAIL_LINES, TAIL_LINE_CHARS = 60, 1000    # what is kept of each rank's stderr for the failure summary
 READ_BYTES = 64 * 1024
 _ENDS = re.compile(r"\r\n|\r|\n")
 
@@ -41,6 +43,8 @@ class OutputSink:
         self._lock = threading.Lock()
         self._files: Dict[Tuple[int, str], IO[str]] = {}
         self._broken: Dict[str, bool] = {}
+        # The last lines each rank wrote to stderr: a failure before hvd.init() is summarised from them.
+        self._tails: Dict[Hashable, Deque[str]] = {}
         if output_dir:
             width = len(str(max(size - 1, 0)))
             for rank in range(size):
@@ -68,6 +72,16 @@ class OutputSink:
             if handle is not None:
                 handle.write(line + end)
                 handle.flush()
+            if stream == "stderr" and end != "\r":
+                tail = self._tails.get(rank)
+                if tail is None:
+                    tail = self._tails[rank] = collections.deque(maxlen=TAIL_LINES)
+                tail.append(line[:TAIL_LINE_CHARS])
+
+    def tail(self, rank: Hashable) -> str:
+        """The last lines ``rank`` wrote to stderr (at most :data:`TAIL_LINES`)."""
+        with self._lock:
+            return "\n".join(self._tails.get(rank, ()))
 
     def _give_up(self, stream: str, target: TextIO, exc: BaseException) -> None:
         """``stream`` cannot be written (its reader is gone): drop its output from now on, and say so once."""

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Callable, Dict, Hashable, List, Mapping, Optional, Tuple
 
 from horovod.runner.backends.base import WorkerHandle
 from horovod.runner.output import OutputSink, relay_lines
@@ -71,6 +71,8 @@ class JobResult:
     first_failure: Optional[WorkerExit] = None
     interrupted_by: Optional[int] = None
     timed_out: bool = False
+    # The last lines each worker wrote to stderr, by rank (what a failure before hvd.init() left to go on).
+    tails: Mapping[Hashable, str] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -85,11 +87,13 @@ class JobResult:
         return 0 if self.ok else 1
 
 
-def failure_message(failure: WorkerExit) -> str:
-    """Horovod's summary of a failed job, naming the first failed rank, its host and its exit code or signal."""
+def failure_message(failure: WorkerExit, first: bool = True) -> str:
+    """Horovod's summary of a failed job, naming the first failed rank (or, ``first`` False, the rank that caused
+    the failure), its host and its exit code or signal."""
     code = f"{failure.returncode} (killed by {failure.signal_name})" if failure.signal_name else str(failure.returncode)
+    which = "The first process to do so was" if first else "The process that caused it was"
     return ("Horovod detected that one or more processes exited with non-zero status, thus causing the job to be "
-            "terminated. The first process to do so was:\n"
+            f"terminated. {which}:\n"
             f"Process name: {failure.rank}\nHost: {failure.hostname}\nExit code: {code}\n")
 
 
@@ -220,12 +224,16 @@ class Supervisor:
                 on_exit(exited)
             if returncode != 0 and state.first_failure is None and state.kill_at is None:
                 state.first_failure = exited
+                # Which rank failed first is the summary's to say, once every report is in: the first to exit
+                # is often a survivor of another rank's failure.
                 self._log(f"Process {key} exit with status code {returncode}.")
-                self._log(f"Terminating remaining workers after failure of Process {key}.")
+                self._log("Terminating remaining workers; the root cause follows once they have ended.")
                 state.term_at = time.monotonic() + self.settle_seconds
         self._reap()
         exits = tuple(state.exits[k] for k in sorted(state.exits))
-        return JobResult(exits, state.first_failure, state.interrupted_by, state.timed_out)
+        tail = getattr(self.sink, "tail", None)
+        tails = {k: tail(k) for k in state.exits} if tail is not None and state.first_failure is not None else {}
+        return JobResult(exits, state.first_failure, state.interrupted_by, state.timed_out, tails)
 
     def _check_stops(self, state: _Stopping) -> None:
         if self._pending_signal is not None and state.interrupted_by is None:

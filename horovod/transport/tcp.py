@@ -167,12 +167,23 @@ class TcpTransport(MeshSetup):
             posted = board.read()
             if peer in posted:
                 cause = posted[peer]
-                if " (passed on by rank " not in cause:
+                if " (passed on by rank " not in cause and not cause.startswith(f"{self._where(peer)} failed: "):
                     cause = f"{cause} (passed on by rank {peer})"
             board.post(self.rank, cause)
         except Exception as error:  # the board is a courtesy: a launcher that is gone only loses the account
             log.debug("rank %d: the loss board failed: %s", self.rank, error)
         return cause
+
+    def fail_own(self, account: str) -> None:
+        """This rank fails for a reason of its own (a bug on its engine thread): post it on the loss board before
+        the connections close, so that the ranks that lose theirs to it name it and the reason."""
+        board = self.loss_board
+        if board is None:
+            return
+        try:
+            board.post(self.rank, f"{self._where(self.rank)} failed: {account}")
+        except Exception as error:  # the board is a courtesy
+            log.debug("rank %d: the loss board failed: %s", self.rank, error)
 
     def fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
         """The error for ``peer``'s connection failing with ``exc``; the transport fails as a whole."""

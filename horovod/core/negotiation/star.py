@@ -262,6 +262,8 @@ class StarFollower(StarNegotiation):
         self._coordinator_fd: Optional[int] = None
         self._reply: Optional[tuple] = None         # the global set's reply that started this cycle
         self._asked = IDLE                          # what this rank asked rank 0 for since the last cycle
+        self._asked_at: Optional[float] = None      # when this rank began waiting for rank 0 to start a cycle
+        self._told = 0                              # how often that wait was reported to the transport
         self._queued_since: Optional[float] = None  # when the global set's queue became non-empty
 
     def start(self) -> None:
@@ -291,10 +293,14 @@ class StarFollower(StarNegotiation):
                     # Work rank 0 cannot see (another set, shutdown): a cycle now.
                     loop.transport.send_obj(0, ("want", NEW))
                     self._asked = NEW
+            timeout = self._patience(timeout)
             readable = loop.select([loop.wake.reader, coordinator_fd], timeout)
             if loop.wake.reader in readable:
                 loop.wake.drain()
             if coordinator_fd in readable:
+                if self._told:
+                    loop.transport.resumed()
+                self._asked_at, self._told = None, 0
                 frame = loop.transport.recv_obj(0)
                 if frame != GO:
                     if not (self.presented and _is_reply(frame)):
@@ -303,6 +309,26 @@ class StarFollower(StarNegotiation):
                     self._reply = frame      # the answer to the message we presented: the cycle has started
                 self._asked = IDLE
                 return
+
+    def _patience(self, timeout: Optional[float]) -> Optional[float]:
+        """Bound the wait for rank 0 once this rank has asked it for a cycle: rank 0 starts one within a poll
+        interval of any follower's request while its engine runs, so silence for half the transport's timeout means
+        it cannot run (a long call holding its GIL, a stopped process). The transport is told every half timeout
+        (one warning for the job, and the busy-peer bound)."""
+        if not (self.presented or self._asked == NEW):
+            return timeout
+        tick = self.loop.transport.timeout / 2
+        if tick <= 0:
+            return timeout
+        now = time.monotonic()
+        if self._asked_at is None:
+            self._asked_at = now
+        silent = now - self._asked_at
+        if silent >= (self._told + 1) * tick:
+            self._told += 1
+            self.loop.transport.waiting(0, silent)
+        left = (self._told + 1) * tick - silent
+        return left if timeout is None else min(timeout, left)
 
     def _presentable(self) -> bool:
         """Only global-set requests wait, which the early message can carry."""
