@@ -42,6 +42,7 @@ test: venv sysdeps
 soak: venv sysdeps
 	HVD_SOAK_REPEATS=20 HVD_SOAK_HOGS=1 $(BIN)/python -m pytest -q tests/test_error_soak.py
 	HVD_SOAK_TRIALS=5 $(BIN)/python -m pytest -q tests/test_hostile_user.py
+	HVD_SOAK_TRIALS=3 $(BIN)/python -m pytest -q tests/test_failure_matrix.py
 	for i in 1 2 3; do $(BIN)/python -m pytest -q tests/test_scale.py tests/elastic/test_elastic_scale.py || exit 1; done
 
 demo: demo-venv

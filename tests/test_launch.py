@@ -199,3 +199,17 @@ def test_settle_time_follows_the_workers_liveness_timeout():
     slots = tuple(get_host_assignments([HostInfo("localhost", 1)], 1))
     assert settle_seconds(LaunchConfig(("true",), slots)) == 2.0
     assert settle_seconds(LaunchConfig(("true",), slots, extra_env={"HOROVOD_LIVENESS_TIMEOUT": "60"})) == 7.0
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("case", ["missing script", "syntax error"])
+def test_a_failure_before_init_is_summarised_with_what_python_said(tmp_path, horovodrun, case):
+    script = tmp_path / "train.py"
+    if case == "syntax error":
+        script.write_text("import horovod.numpy as hvd\nhvd.init(\n")
+    proc = horovodrun(["-np", "2", sys.executable, str(script)], timeout=60)
+    assert proc.returncode != 0
+    said = "can't open file" if case == "missing script" else "SyntaxError: '(' was never closed"
+    root = [line for line in proc.stderr.splitlines() if line.startswith("Root cause: rank ")]
+    assert len(root) == 1 and said in root[0], proc.stderr[-3000:]
+    assert "Root cause, rank" in proc.stderr, proc.stderr[-3000:]

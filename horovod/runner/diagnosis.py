@@ -137,9 +137,15 @@ def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Di
 
 
 def _traceback_in(tail: str) -> str:
-    """The last Python traceback in a rank's stderr ("" when there is none)."""
+    """The last Python traceback in a rank's stderr, else its last few lines (a syntax error, or a script that
+    does not exist, prints no traceback); "" when it wrote nothing."""
     start = tail.rfind("Traceback (most recent call last):")
-    return tail[start:].rstrip() if start >= 0 else ""
+    if start >= 0:
+        return tail[start:].rstrip()
+    return "\n".join([line for line in tail.splitlines() if line.strip()][-_QUOTED_LINES:])
+
+
+_QUOTED_LINES = 8
 
 
 def _last_line(text: str) -> str:
