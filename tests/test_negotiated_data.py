@@ -32,7 +32,7 @@ def _small_and_large():
     hvd.init()
     me = hvd.rank()
     engine = basics.engine()
-    out = {"peer": engine.negotiation.name == "peer", "folded": folded}
+    out = {"negotiation": engine.negotiation.name, "folded": folded}
     # Floats whose sum depends on the order of addition: every rank must still hold the same bits.
     for count in (1, 7, 200, 4000):          # 4000 floats (16 KB) are too big to travel with the negotiation
         out[f"sum{count}"] = hvd.allreduce(_inputs(me, count, count), op=hvd.Sum, name=f"sum{count}").tobytes()
@@ -64,10 +64,12 @@ def _small_and_large():
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("size", [2, 3])
-def test_allreduces_that_travel_with_the_negotiation_match_numpy_and_agree_bitwise(size):
-    results = spawn_ranks(_small_and_large, size, timeout=120, env={"HOROVOD_NEGOTIATION": "peer"})
-    assert all(out["peer"] for out in results)
+@pytest.mark.parametrize("negotiation,size", [("peer", 2), ("peer", 3), ("star", 3), ("star", 5)])
+def test_allreduces_that_travel_with_the_negotiation_match_numpy_and_agree_bitwise(negotiation, size):
+    # Under star negotiation the data goes to rank 0 with the messages and every member's contributions come back
+    # with the reply; every rank folds them alike.
+    results = spawn_ranks(_small_and_large, size, timeout=120, env={"HOROVOD_NEGOTIATION": negotiation})
+    assert all(out["negotiation"] == negotiation for out in results)
     for out in results:
         folded = set(out["folded"])
         assert {"allreduce.sum1", "allreduce.sum7", "allreduce.sum200", "allreduce.avg", "allreduce.prod"} <= folded
@@ -107,7 +109,8 @@ def _joined_partner():
 
 
 @pytest.mark.ranks
-def test_a_joined_rank_sends_no_data_and_contributes_zeros():
-    results = spawn_ranks(_joined_partner, 2, timeout=60, env={"HOROVOD_NEGOTIATION": "peer"})
+@pytest.mark.parametrize("negotiation", ["peer", "star"])
+def test_a_joined_rank_sends_no_data_and_contributes_zeros(negotiation):
+    results = spawn_ranks(_joined_partner, 2, timeout=60, env={"HOROVOD_NEGOTIATION": negotiation})
     assert results[0][0] == [5.0, 1.0]
     assert results[0][1] == results[1][1] == 0

@@ -1,4 +1,4 @@
-"""Small allreduces whose data travels inside peer negotiation frames: the whole path, in one place.
+"""Small allreduces whose data travels inside negotiation frames: the whole path, in one place.
 
 Under peer negotiation every rank's frame reaches every other rank, so an allreduce of up to
 :data:`INLINE_TENSOR_BYTES` can carry its input along (up to :data:`INLINE_FRAME_BYTES` a frame). Once such a tensor
@@ -9,6 +9,10 @@ Whether a tensor is folded this way is decided from the frames alone (every memb
 decides alike; the tensors of a batch that lack a contribution (a full frame, a joined rank, a request sent earlier)
 take the ordinary path. Data is attached only for sets that span every rank (the frame goes to every rank), and is
 read when the frame is sent. Held data is dropped when its tensor executes or fails.
+
+Under star negotiation the global set's messages carry the data to rank 0, which holds it alike and sends every
+member's contributions of the tensors it decides back with its reply: one round trip and no data phase, and every
+rank folds the same contributions in the same order, so all hold the same bits (:func:`relayed_budget` bounds it).
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from horovod.common.types import OpType, ReduceOp, Request, Response, nbytes, nu
 from horovod.core import fusion
 from horovod.core.negotiation.base import Batch
 
-__all__ = ["INLINE_TENSOR_BYTES", "INLINE_FRAME_BYTES", "eligible", "collect", "checked", "HeldData",
-           "allreduce_contributions"]
+__all__ = ["INLINE_TENSOR_BYTES", "INLINE_FRAME_BYTES", "RELAYED_REPLY_BYTES", "eligible", "collect", "checked",
+           "relayed_budget", "checked_contributions", "HeldData", "allreduce_contributions"]
 
 INLINE_TENSOR_BYTES = 1024          # the largest allreduce whose data travels with the negotiation
 INLINE_FRAME_BYTES = 16 * 1024      # ... and the most such data in one frame
@@ -60,6 +64,29 @@ def checked(data, rank: int) -> Dict[str, bytes]:
     if not (isinstance(data, dict) and all(isinstance(k, str) and isinstance(v, bytes) for k, v in data.items())):
         raise HorovodInternalError(f"malformed tensor data in rank {rank}'s negotiation frame")
     return data
+
+
+def relayed_budget(size: int) -> int:
+    """Bytes of allreduce data a rank's message may carry under star negotiation: rank 0 folds nothing for the
+    others but sends every member's contributions back in its reply (every rank then folds alike, as under peer
+    negotiation), so a reply carries at most ``size`` times this, kept to :data:`RELAYED_REPLY_BYTES`."""
+    return min(INLINE_FRAME_BYTES, RELAYED_REPLY_BYTES // max(size, 1))
+
+
+RELAYED_REPLY_BYTES = 64 * 1024
+
+
+def checked_contributions(contributions, batches: int, size: int) -> List[Optional[List[bytes]]]:
+    """A reply's contributions (per batch: None, or every member's input), validated.
+
+    Raises:
+        HorovodInternalError: they do not match the reply's ``batches`` and a set of ``size`` members.
+    """
+    if not (isinstance(contributions, list) and len(contributions) == batches and all(
+            c is None or isinstance(c, list) and len(c) == size and all(isinstance(b, bytes) for b in c)
+            for c in contributions)):
+        raise HorovodInternalError(f"malformed tensor data in a negotiation reply {contributions!r:.200}")
+    return contributions
 
 
 class HeldData:

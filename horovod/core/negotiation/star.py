@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType, Response
 from horovod.core.controller import Message
+from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import (IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation, decode_message,
                                            plain_batches, report_stalls)
 from horovod.core.response_cache import split_hits
@@ -34,7 +35,7 @@ def _is_early_message(frame) -> bool:
 
 
 def _is_reply(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and isinstance(frame[1], list)
+    return isinstance(frame, tuple) and len(frame) in (2, 3) and isinstance(frame[1], list)
 
 
 def _is_want(frame) -> bool:
@@ -58,19 +59,34 @@ def decode_reply(state: SetState, reply) -> Tuple[bool, List[Batch]]:
                    for batch in reply[1]]
     except (KeyError, ValueError, TypeError) as exc:
         raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
-    return bool(reply[0]), plain_batches(batches)
+    if len(reply) == 2:
+        return bool(reply[0]), plain_batches(batches)
+    contributions = inline.checked_contributions(reply[2], len(batches), len(state.ranks))
+    return bool(reply[0]), [Batch(batch, c) for batch, c in zip(batches, contributions)]
 
 
-def _message(state: SetState, shutdown: bool) -> tuple:
-    """This rank's message for ``state``: its new requests, cached ones as bits."""
-    hits, full = split_hits(state.cache, state.last_requests, state.drain())
-    return (shutdown, hits, [r.to_wire() for r in full])
+def _message(state: SetState, shutdown: bool, relay: bool = False) -> tuple:
+    """This rank's message for ``state``: its new requests, cached ones as bits; with ``relay`` (the star's own
+    messages, to rank 0), for the global set, small allreduces' data too
+    (:func:`~horovod.core.negotiation.inline.relayed_budget`)."""
+    requests = state.drain()
+    hits, full = split_hits(state.cache, state.last_requests, requests)
+    message = (shutdown, hits, [r.to_wire() for r in full])
+    if relay and state.id == 0:
+        data, _ = inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))
+        if data:
+            return message + (data,)
+    return message
 
 
 class StarNegotiation(Negotiation):
     """What both roles of the star do per set: the set's first rank decides and replies, the others ask."""
 
     name = "star"
+
+    def __init__(self, loop: Loop):
+        super().__init__(loop)
+        self.held = inline.HeldData()    # small allreduces' data that came with the messages (a set's first rank)
 
     def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
         """One set's negotiation: its first rank decides and replies, the others send their message and read the
@@ -81,27 +97,45 @@ class StarNegotiation(Negotiation):
         transport = self.loop.transport
         coordinator = state.ranks[0]
         if not sent:
-            transport.send_obj(coordinator, _message(state, shutdown))
+            transport.send_obj(coordinator, _message(state, shutdown, relay=True))
         if reply is None:
             reply = transport.recv_obj(coordinator)
         return decode_reply(state, reply)
 
     def _coordinate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
-        hits, full = split_hits(state.cache, state.last_requests, state.drain())
+        requests = state.drain()
+        hits, full = split_hits(state.cache, state.last_requests, requests)
         messages = [Message(shutdown, tuple(hits), tuple(full))]
-        for peer in state.ranks[1:]:
-            messages.append(decode_message(self._recv_message(state, peer)))
+        if state.id == 0:
+            data, _ = inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))
+            if data:
+                self.held.hold(state.id, 0, data)
+        for position, peer in enumerate(state.ranks[1:], 1):
+            messages.append(decode_message(self._hold(state, position, self._recv_message(state, peer))))
         batches, stop, reports = state.coordinator.step(messages, time.monotonic())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (star) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
         report_stalls(reports)
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
+        decided = self.held.batches(state.id, len(state.ranks), batches)
         cached_bit = state.cache.cached_bit
-        encoded = [[_encode(r, cached_bit(r)) for r in batch] for batch in batches]
+        encoded = [[_encode(r, cached_bit(r)) for r in batch.responses] for batch in decided]
+        contributions = [batch.contributions for batch in decided]
+        reply = (stop, encoded, contributions) if any(c is not None for c in contributions) else (stop, encoded)
         for peer in state.ranks[1:]:
-            self.loop.transport.send_obj(peer, (stop, encoded))
-        return stop, plain_batches(batches)
+            self.loop.transport.send_obj(peer, reply)
+        return stop, decided
+
+    def _hold(self, state: SetState, position: int, message):
+        """``message`` without the allreduce data it carries, which is held for folding (global set only)."""
+        if isinstance(message, tuple) and len(message) == 4 and state.id == 0:
+            self.held.hold(state.id, position, inline.checked(message[3], state.ranks[position]))
+            return message[:3]
+        return message
+
+    def forget(self, set_id: int) -> None:
+        self.held.forget(set_id)
 
     def _recv_message(self, state: SetState, peer: int):
         """The next negotiation message from ``peer``, skipping cycle requests that this cycle already answers."""
@@ -243,7 +277,7 @@ class StarRoot(StarNegotiation):
     def _announce(self, peer: int, message) -> None:
         """Note the names a follower's early message carries, for :meth:`_cycle_is_useful`."""
         try:
-            shutdown, hits, requests = message
+            shutdown, hits, requests = message[:3]
             cache = self.loop.sets[0].cache
             names = {cache.name(bit) for bit in hits}
             names.update(r[0] for r in requests)
@@ -348,7 +382,7 @@ class StarFollower(StarNegotiation):
             self._queued_since = now
         timeout = self._queued_since + loop.batch_spacing() - now
         if loop.waiters.blocked > 0 or loop.waiters.latency_bound() or timeout <= 0:
-            loop.transport.send_obj(0, ("msg", _message(loop.sets[0], loop.shutting_down())))
+            loop.transport.send_obj(0, ("msg", _message(loop.sets[0], loop.shutting_down(), relay=True)))
             self.presented = True
             self._queued_since = None
             return None
