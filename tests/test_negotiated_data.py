@@ -64,10 +64,11 @@ def _small_and_large():
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("negotiation,size", [("peer", 2), ("peer", 3), ("star", 3), ("star", 5)])
+@pytest.mark.parametrize("negotiation,size", [("peer", 2), ("peer", 3), ("star", 3), ("star", 5), ("tree", 3),
+                                              ("tree", 6)])
 def test_allreduces_that_travel_with_the_negotiation_match_numpy_and_agree_bitwise(negotiation, size):
-    # Under star negotiation the data goes to rank 0 with the messages and every member's contributions come back
-    # with the reply; every rank folds them alike.
+    # Under star and tree negotiation the data goes to rank 0 with the messages (up the tree) and every member's
+    # contributions come back with the reply; every rank folds them alike.
     results = spawn_ranks(_small_and_large, size, timeout=120, env={"HOROVOD_NEGOTIATION": negotiation})
     assert all(out["negotiation"] == negotiation for out in results)
     for out in results:
@@ -109,7 +110,7 @@ def _joined_partner():
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("negotiation", ["peer", "star"])
+@pytest.mark.parametrize("negotiation", ["peer", "star", "tree"])
 def test_a_joined_rank_sends_no_data_and_contributes_zeros(negotiation):
     results = spawn_ranks(_joined_partner, 2, timeout=60, env={"HOROVOD_NEGOTIATION": negotiation})
     assert results[0][0] == [5.0, 1.0]

@@ -18,7 +18,7 @@ from horovod.common.types import OpType, Response
 from horovod.core.controller import Message
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import (IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation, decode_message,
-                                           plain_batches, report_stalls)
+                                           report_stalls)
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState
 
@@ -59,24 +59,26 @@ def decode_reply(state: SetState, reply) -> Tuple[bool, List[Batch]]:
                    for batch in reply[1]]
     except (KeyError, ValueError, TypeError) as exc:
         raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
-    if len(reply) == 2:
-        return bool(reply[0]), plain_batches(batches)
-    contributions = inline.checked_contributions(reply[2], len(batches), len(state.ranks))
+    contributions = inline.checked_contributions(reply[2], len(batches), len(state.ranks)) if len(reply) == 3 \
+        else [None] * len(batches)
     return bool(reply[0]), [Batch(batch, c) for batch, c in zip(batches, contributions)]
 
 
-def _message(state: SetState, shutdown: bool, relay: bool = False) -> tuple:
-    """This rank's message for ``state``: its new requests, cached ones as bits; with ``relay`` (the star's own
-    messages, to rank 0), for the global set, small allreduces' data too
-    (:func:`~horovod.core.negotiation.inline.relayed_budget`)."""
+def _message(state: SetState, shutdown: bool) -> tuple:
+    """This rank's message for ``state`` to its coordinator, with the global set's small allreduces' data."""
+    message, data = message_and_data(state, shutdown, state.id == 0)
+    return message + (data,) if data else message
+
+
+def message_and_data(state: SetState, shutdown: bool, relay: bool) -> Tuple[tuple, Dict[str, bytes]]:
+    """This rank's message for ``state`` (new requests, cached ones as bits) and, with ``relay``, the small
+    allreduces' data that goes with it (:func:`~horovod.core.negotiation.inline.relayed_budget`)."""
     requests = state.drain()
     hits, full = split_hits(state.cache, state.last_requests, requests)
     message = (shutdown, hits, [r.to_wire() for r in full])
-    if relay and state.id == 0:
-        data, _ = inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))
-        if data:
-            return message + (data,)
-    return message
+    if not relay:
+        return message, {}
+    return message, inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))[0]
 
 
 class StarNegotiation(Negotiation):
@@ -97,7 +99,7 @@ class StarNegotiation(Negotiation):
         transport = self.loop.transport
         coordinator = state.ranks[0]
         if not sent:
-            transport.send_obj(coordinator, _message(state, shutdown, relay=True))
+            transport.send_obj(coordinator, _message(state, shutdown))
         if reply is None:
             reply = transport.recv_obj(coordinator)
         return decode_reply(state, reply)
@@ -106,10 +108,8 @@ class StarNegotiation(Negotiation):
         requests = state.drain()
         hits, full = split_hits(state.cache, state.last_requests, requests)
         messages = [Message(shutdown, tuple(hits), tuple(full))]
-        if state.id == 0:
-            data, _ = inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))
-            if data:
-                self.held.hold(state.id, 0, data)
+        if state.id == 0:    # rank 0's own small allreduces' data, held with the others'
+            self.held.hold(0, 0, inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))[0])
         for position, peer in enumerate(state.ranks[1:], 1):
             messages.append(decode_message(self._hold(state, position, self._recv_message(state, peer))))
         batches, stop, reports = state.coordinator.step(messages, time.monotonic())
@@ -118,21 +118,26 @@ class StarNegotiation(Negotiation):
         report_stalls(reports)
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
-        decided = self.held.batches(state.id, len(state.ranks), batches)
-        cached_bit = state.cache.cached_bit
-        encoded = [[_encode(r, cached_bit(r)) for r in batch.responses] for batch in decided]
-        contributions = [batch.contributions for batch in decided]
-        reply = (stop, encoded, contributions) if any(c is not None for c in contributions) else (stop, encoded)
+        decided, reply = self._reply_with_data(state, stop, batches)
         for peer in state.ranks[1:]:
             self.loop.transport.send_obj(peer, reply)
         return stop, decided
 
+    def _reply_with_data(self, state: SetState, stop: bool, batches) -> Tuple[List[Batch], tuple]:
+        """The decided batches, those whose every member's data is held split off to be folded, and the reply that
+        tells the others (cached responses as bits, the contributions of the folded batches)."""
+        decided = self.held.batches(state.id, len(state.ranks), batches)
+        cached_bit = state.cache.cached_bit
+        encoded = [[_encode(r, cached_bit(r)) for r in batch.responses] for batch in decided]
+        contributions = [batch.contributions for batch in decided]
+        return decided, (stop, encoded, contributions) if any(contributions) else (stop, encoded)
+
     def _hold(self, state: SetState, position: int, message):
         """``message`` without the allreduce data it carries, which is held for folding (global set only)."""
-        if isinstance(message, tuple) and len(message) == 4 and state.id == 0:
-            self.held.hold(state.id, position, inline.checked(message[3], state.ranks[position]))
-            return message[:3]
-        return message
+        if not (isinstance(message, tuple) and len(message) == 4 and state.id == 0):
+            return message
+        self.held.hold(state.id, position, inline.checked(message[3], state.ranks[position]))
+        return message[:3]
 
     def forget(self, set_id: int) -> None:
         self.held.forget(set_id)
@@ -184,8 +189,7 @@ class StarRoot(StarNegotiation):
         loop.wake.drain()
         self._last_start = time.monotonic()
         for peer in range(1, loop.size):
-            # A rank whose message for this cycle is already here learns that the cycle started from the
-            # global set's reply itself: one frame (and one wake-up on that rank) less per cycle.
+            # A rank whose message is here learns of the cycle from the reply itself: one frame and wake-up less.
             if peer not in self._early:
                 loop.transport.send_obj(peer, GO)
         self._wanted = IDLE
@@ -345,10 +349,9 @@ class StarFollower(StarNegotiation):
                 return
 
     def _patience(self, timeout: Optional[float]) -> Optional[float]:
-        """Bound the wait for rank 0 once this rank has asked it for a cycle: rank 0 starts one within a poll
-        interval of any follower's request while its engine runs, so silence for half the transport's timeout means
-        it cannot run (a long call holding its GIL, a stopped process). The transport is told every half timeout
-        (one warning for the job, and the busy-peer bound)."""
+        """Bound the wait for rank 0 once this rank asked it for a cycle: rank 0 starts one within a poll interval
+        while its engine runs, so silence for half the transport's timeout means it cannot run; the transport is
+        told every half timeout (one warning for the job, and the busy-peer bound)."""
         if not (self.presented or self._asked == NEW):
             return timeout
         tick = self.loop.transport.timeout / 2
@@ -382,7 +385,7 @@ class StarFollower(StarNegotiation):
             self._queued_since = now
         timeout = self._queued_since + loop.batch_spacing() - now
         if loop.waiters.blocked > 0 or loop.waiters.latency_bound() or timeout <= 0:
-            loop.transport.send_obj(0, ("msg", _message(loop.sets[0], loop.shutting_down(), relay=True)))
+            loop.transport.send_obj(0, ("msg", _message(loop.sets[0], loop.shutting_down())))
             self.presented = True
             self._queued_since = None
             return None

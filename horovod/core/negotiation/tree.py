@@ -36,9 +36,9 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
-from horovod.core.negotiation.base import (IDLE, NEW, POLL_SECONDS, Batch, Loop, decode_message, plain_batches,
-                                           report_stalls)
-from horovod.core.negotiation.star import StarNegotiation, _encode, _is_reply, _message, decode_reply
+from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Batch, Loop, decode_message, report_stalls
+from horovod.core.negotiation import inline
+from horovod.core.negotiation.star import StarNegotiation, _is_reply, decode_reply, message_and_data
 from horovod.core.set_state import SetState
 
 log = logging.getLogger("horovod")
@@ -67,7 +67,20 @@ def _is_want(frame) -> bool:
 
 
 def _is_up(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "up" and isinstance(frame[1], list)
+    return isinstance(frame, tuple) and len(frame) in (2, 3) and frame[0] == "up" and isinstance(frame[1], list)
+
+
+def _up(frame) -> Tuple[list, list]:
+    """An up frame's groups and the small allreduces' data of its subtree (``[[rank, {name: bytes}], ...]``)."""
+    datas = frame[2] if len(frame) == 3 else []
+    if not (isinstance(datas, list) and all(isinstance(d, (list, tuple)) and len(d) == 2 and isinstance(d[0], int)
+                                            for d in datas)):
+        raise HorovodInternalError(f"malformed tensor data in a negotiation message {datas!r:.200}")
+    return frame[1], datas
+
+
+def _up_frame(groups: Groups, datas: list) -> tuple:
+    return ("up", groups, datas) if datas else ("up", groups)
 
 
 def merge(groups: Groups, more: Sequence) -> None:
@@ -205,10 +218,8 @@ class TreeNegotiation(StarNegotiation):
         timeout = None
         if not self.presented:
             if self._all_wait():
-                groups: Groups = [([self.loop.rank], _message(self.loop.sets[0], self.loop.shutting_down()))]
-                for child in self._children:
-                    merge(groups, self._early[child])
-                self._send(self._parent, ("up", groups))
+                groups, datas = self._subtree(self.loop.sets[0], self.loop.shutting_down())
+                self._send(self._parent, _up_frame(groups, datas))
                 self.presented = True
             else:
                 now = time.monotonic()
@@ -234,7 +245,7 @@ class TreeNegotiation(StarNegotiation):
             if child is not None and child not in self._early:
                 frame = self._recv(child)
                 if _is_up(frame):
-                    self._early[child] = frame[1]
+                    self._early[child] = _up(frame)
                 elif _is_want(frame):
                     self._heard[child] = self._heard.get(child, 0) | frame[1]
                 else:
@@ -261,14 +272,11 @@ class TreeNegotiation(StarNegotiation):
             self.presented = False      # our subtree's message went up before the cycle
             reply, self._reply = self._reply, None
         else:
-            groups: Groups = [([self.loop.rank], _message(state, shutdown))]
-            for child in self._children:
-                early = self._early.get(child)
-                merge(groups, early if early is not None else self._child_groups(child))
+            groups, datas = self._subtree(state, shutdown)
             if self._parent is None:
                 self._early.clear()
-                return self._decide(state, groups)
-            self._send(self._parent, ("up", groups))
+                return self._decide(state, groups, datas)
+            self._send(self._parent, _up_frame(groups, datas))
             reply = None
         self._early.clear()
         if reply is None:
@@ -278,17 +286,33 @@ class TreeNegotiation(StarNegotiation):
             self._send(child, reply)
         return decided
 
-    def _child_groups(self, child: int) -> list:
-        """A child's subtree message, skipping cycle requests it sent before it saw the cycle start."""
+    def _subtree(self, state: SetState, shutdown: bool) -> Tuple[Groups, list]:
+        """This rank's message merged with its children's (in the cycle: read now if not in before), and the
+        small allreduces' data of the whole subtree."""
+        message, data = message_and_data(state, shutdown, relay=True)
+        groups: Groups = [([self.loop.rank], message)]
+        datas = [[self.loop.rank, data]] if data else []
+        for child in self._children:
+            early = self._early.get(child)
+            child_groups, child_datas = early if early is not None else self._child_groups(child)
+            merge(groups, child_groups)
+            datas.extend(child_datas)
+        return groups, datas
+
+    def _child_groups(self, child: int) -> Tuple[list, list]:
+        """A child's subtree message and data, skipping cycle requests it sent before it saw the cycle start."""
         while True:
             frame = self._recv(child)
             if _is_up(frame):
-                return frame[1]
+                return _up(frame)
             if not _is_want(frame):
                 raise HorovodInternalError(f"rank {self.loop.rank} expected the negotiation message of rank {child}, "
                                            f"got {frame!r:.100}")
 
-    def _decide(self, state: SetState, groups: Groups) -> Tuple[bool, List[Batch]]:
+    def _decide(self, state: SetState, groups: Groups, datas: list) -> Tuple[bool, List[Batch]]:
+        for rank, data in datas:
+            if 0 <= rank < self.loop.size:
+                self.held.hold(state.id, rank, inline.checked(data, rank))
         decoded = []
         seen = 0
         for ranks, message in groups:
@@ -302,11 +326,10 @@ class TreeNegotiation(StarNegotiation):
         report_stalls(reports)
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
-        cached_bit = state.cache.cached_bit
-        reply = (stop, [[_encode(r, cached_bit(r)) for r in batch] for batch in batches])
+        decided, reply = self._reply_with_data(state, stop, batches)
         for child in self._children:
             self._send(child, reply)
-        return stop, plain_batches(batches)
+        return stop, decided
 
     def _send(self, peer: int, frame) -> None:
         self.frames += 1
