@@ -17,12 +17,12 @@ cut link at 16 ranks (4 hosts x 4). Stuck-but-alive cells set the busy-peer boun
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
+from horovod.testing.fixtures import end_horovodrun, start_horovodrun
 from horovod.testing.netns import NetnsCluster, unavailable_reason
 
 pytestmark = pytest.mark.cli
@@ -58,22 +58,10 @@ def _wait_for(predicate, timeout, what):
 
 
 def _launch(tmp_path, args, fault, env=None):
-    env = {**os.environ, "PYTHONPATH": REPO, **(STUCK if fault in ("sigstop", "gil") else {}), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "horovod.runner", *args], cwd=str(tmp_path), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return start_horovodrun(args, str(tmp_path), {**(STUCK if fault in ("sigstop", "gil") else {}), **(env or {})})
 
 
-def _end(proc, timeout):
-    try:
-        return proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"horovodrun ran over {timeout} s:\n{err[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+_end = end_horovodrun
 
 
 def _check(err, tmp_path, fault, blamed, hosts, size):

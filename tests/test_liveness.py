@@ -267,26 +267,13 @@ _OVERLAP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gil_
 
 
 def _horovodrun(tmp_path, *args, env=None):
-    import subprocess
-    import sys
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "horovod.runner", *args], cwd=str(tmp_path), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    from horovod.testing.fixtures import start_horovodrun
+    return start_horovodrun(args, str(tmp_path), env)
 
 
 def _end(proc, timeout):
-    import signal
-    import subprocess
-    try:
-        return proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"horovodrun ran over {timeout} s:\n{out[-2000:]}\n{err[-3000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    from horovod.testing.fixtures import end_horovodrun
+    return end_horovodrun(proc, timeout)
 
 
 @pytest.mark.cli

@@ -105,3 +105,26 @@ def horovodrun() -> Callable[..., subprocess.CompletedProcess]:
 
 
 __all__ = ["TIERS", "process_alive", "live_processes", "run_horovodrun", "spawn", "horovodrun"]
+
+
+def start_horovodrun(args: Sequence[str], cwd: str, env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:
+    """``horovodrun args`` from this checkout in a session of its own, output captured, not waited for (see
+    :func:`end_horovodrun`)."""
+    full = {**config.environ_snapshot(), **package_pythonpath(), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "horovod.runner", *args], cwd=cwd, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def end_horovodrun(proc: subprocess.Popen, timeout: float):
+    """``(stdout, stderr)`` once ``proc`` ends within ``timeout`` seconds; past it, its whole session is killed
+    and the test fails. Its session is killed whatever happens."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"horovodrun ran over {timeout} s:\n{out[-2000:]}\n{err[-4000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()

@@ -65,11 +65,6 @@ class Patience:
         self._posted = False
         self._warned = 0
 
-    @property
-    def tick(self) -> float:
-        """How often a waiting collective reports its silence (0: it waits without reporting)."""
-        return self.interval / 2 if self.interval > 0 else 0.0
-
     def waiting(self, peer: int, silent_for: float) -> Optional[str]:
         """``peer`` has sent nothing for ``silent_for`` seconds though its connection is alive.
 

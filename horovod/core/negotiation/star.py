@@ -71,14 +71,15 @@ def _message(state: SetState, shutdown: bool) -> tuple:
 
 
 def message_and_data(state: SetState, shutdown: bool, relay: bool) -> Tuple[tuple, Dict[str, bytes]]:
-    """This rank's message for ``state`` (new requests, cached ones as bits) and, with ``relay``, the small
-    allreduces' data that goes with it (:func:`~horovod.core.negotiation.inline.relayed_budget`)."""
+    """This rank's message for ``state`` (cached requests as bits) and, with ``relay``, its small allreduces' data."""
     requests = state.drain()
     hits, full = split_hits(state.cache, state.last_requests, requests)
     message = (shutdown, hits, [r.to_wire() for r in full])
-    if not relay:
-        return message, {}
-    return message, inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))[0]
+    return message, _relayed(state, requests) if relay else {}
+
+
+def _relayed(state: SetState, requests) -> Dict[str, bytes]:  # the data of ``requests`` a star message may carry
+    return inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))[0]
 
 
 class StarNegotiation(Negotiation):
@@ -109,7 +110,7 @@ class StarNegotiation(Negotiation):
         hits, full = split_hits(state.cache, state.last_requests, requests)
         messages = [Message(shutdown, tuple(hits), tuple(full))]
         if state.id == 0:    # rank 0's own small allreduces' data, held with the others'
-            self.held.hold(0, 0, inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))[0])
+            self.held.hold(0, 0, _relayed(state, requests))
         for position, peer in enumerate(state.ranks[1:], 1):
             messages.append(decode_message(self._hold(state, position, self._recv_message(state, peer))))
         batches, stop, reports = state.coordinator.step(messages, time.monotonic())
@@ -349,9 +350,8 @@ class StarFollower(StarNegotiation):
                 return
 
     def _patience(self, timeout: Optional[float]) -> Optional[float]:
-        """Bound the wait for rank 0 once this rank asked it for a cycle: rank 0 starts one within a poll interval
-        while its engine runs, so silence for half the transport's timeout means it cannot run; the transport is
-        told every half timeout (one warning for the job, and the busy-peer bound)."""
+        """Tell the transport of rank 0's silence every half timeout once asked for a cycle (it answers within a
+        poll interval while its engine runs)."""
         if not (self.presented or self._asked == NEW):
             return timeout
         tick = self.loop.transport.timeout / 2
