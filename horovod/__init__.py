@@ -4,10 +4,7 @@
 ``horovod.run(func, np=N)`` runs a function on N workers and returns their results.
 """
 
-from horovod import _aliases
 from horovod.version import __version__
-
-_aliases.install()
 
 
 def run(*args, **kwargs):

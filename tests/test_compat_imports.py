@@ -1,6 +1,7 @@
 """Horovod 0.28.1's import paths and version gate, as code outside the package uses them (tier unit)."""
 
 import importlib
+import sys
 import threading
 
 import pytest
@@ -67,10 +68,27 @@ def test_average_backwards_compatibility_rule():
 @pytest.mark.parametrize("old, new", [
     ("horovod.common.process_sets", "horovod.runtime.process_sets"),
     ("horovod.common.basics", "horovod.runtime.basics"),
+    ("horovod.common.collectives", "horovod.runtime.collectives"),
+    ("horovod.common.compression", "horovod.runtime.compression"),
+    ("horovod.common.topology", "horovod.runtime.topology"),
+    ("horovod.common.launch_env", "horovod.runtime.launch_env"),
     ("horovod.common.elastic", "horovod.elastic"),
+    ("horovod.elastic.worker", "horovod.runtime.elastic_worker"),
+    ("horovod.elastic.protocol", "horovod.common.elastic_records"),
 ])
-def test_old_paths_are_the_same_module_objects(old, new):
-    assert importlib.import_module(old) is importlib.import_module(new)
+def test_old_paths_hold_the_same_objects(old, new):
+    """Horovod's paths are real files (found by an IDE and ``python -m``) that hand out the very objects."""
+    shim, real = importlib.import_module(old), importlib.import_module(new)
+    assert shim.__file__ and shim.__file__ != real.__file__
+    for name, value in vars(real).items():
+        if not name.startswith("__"):
+            assert getattr(shim, name) is value, name
+    assert set(getattr(real, "__all__", ())) <= set(dir(shim))
+
+
+def test_no_import_finder_serves_horovod():
+    import horovod  # noqa: F401
+    assert not [f for f in sys.meta_path if type(f).__module__.startswith("horovod")]
 
 
 def test_process_set_internals_horovod_tests_use():

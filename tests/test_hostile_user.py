@@ -568,7 +568,7 @@ PEEK = textwrap.dedent(r'''
 
 
 def test_the_unix_listener_refuses_another_user_before_a_byte(stranger):
-    from horovod.transport import wire
+    from horovod.common import wire
     from horovod.transport.reactor import Reactor
     enough = str(wire.HELLO_SIZE)
     name = f"hvdpy-test-{uuid.uuid4().hex}"

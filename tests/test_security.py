@@ -13,11 +13,11 @@ import threading
 
 import pytest
 
+from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.runner.hosts import HostInfo, get_host_assignments
 from horovod.runner.launch import LaunchConfig, launch_local, package_pythonpath
 from horovod.runner.rendezvous import rendezvous_service
-from horovod.transport import wire
 from horovod.transport.mesh import PURPOSE_MESH
 
 WORKER = textwrap.dedent("""

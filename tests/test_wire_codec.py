@@ -4,10 +4,10 @@ import pickle
 
 import pytest
 
+from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import Request
-from horovod.core.negotiation.base import decode_message
-from horovod.transport import wire
+from horovod.core.negotiation.frames import decode_body
 
 pytestmark = pytest.mark.unit
 
@@ -27,14 +27,14 @@ def test_plain_data_decodes():
 
 
 @pytest.mark.parametrize("message", [
-    (False, [], [("t", 0, "float32", (3,), 1, "not a float", 1.0, -1, None, -1, None)]),
-    (False, [], [("t",)]),
-    (False, [], [None]),
-    (False, [], [("t", 0, "float32", (-3,), 1, 1.0, 1.0, -1, None, -1, None)]),
+    (False, [], [("t", 0, "float32", (3,), 1, "not a float", 1.0, -1, None, -1, None)], {}),
+    (False, [], [("t",)], {}),
+    (False, [], [None], {}),
+    (False, [], [("t", 0, "float32", (-3,), 1, 1.0, 1.0, -1, None, -1, None)], {}),
 ], ids=["bad-field", "short", "none", "negative-shape"])
 def test_malformed_requests_are_one_clear_error(message):
     with pytest.raises(HorovodInternalError, match="malformed"):
-        decode_message(message)
+        decode_body(message)
 
 
 def test_garbage_is_one_clear_error():

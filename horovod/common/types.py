@@ -1,6 +1,6 @@
 """Plain data shared by every layer: reduce ops, op types, data types, requests and responses.
 
-Requests and responses cross the network as tuples of primitives (see :mod:`horovod.transport.wire`); the
+Requests and responses cross the network as tuples of primitives (see :mod:`horovod.common.wire`); the
 ``to_wire``/``from_wire`` pairs are the only place that knows their layout, and ``from_wire`` checks every field.
 """
 

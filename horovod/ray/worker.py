@@ -23,7 +23,6 @@ import ray
 from horovod.common import config
 from horovod.ray.placement import node_hostname
 from horovod.runner.run_task import TaskOutcome, capture
-from horovod.runtime import basics
 
 __all__ = ["BaseHorovodWorker", "remote_worker_cls", "control", "CONTROL_GROUP"]
 
@@ -89,6 +88,7 @@ class BaseHorovodWorker:
         outcome = capture(-1, func, args, kwargs)
         if isinstance(outcome.error, SystemExit) and not outcome.error.code:
             outcome = TaskOutcome(-1)
+        from horovod.runtime import basics   # the worker's side: only an actor that ran a job loads the engine
         rank = basics.rank() if basics.is_initialized() else -1
         return dataclasses.replace(outcome, rank=rank)
 

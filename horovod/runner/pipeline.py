@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Mapping, Optional, TextIO, Tuple, Union
 
 from horovod.common import config
 from horovod.common.exceptions import HorovodError
+from horovod.common.liveness import probe_interval
 from horovod.common.rendezvous_client import secret_to_hex
 from horovod.runner.backends.base import Backend, WorkerLaunch
 from horovod.runner.backends.local import LocalBackend
@@ -31,7 +32,6 @@ from horovod.runner.procgroup import forward_signals
 from horovod.runner.rendezvous import RendezvousInfo
 from horovod.runner.supervisor import DEFAULT_GRACE_SECONDS, JobResult, Supervisor, WorkerExit
 from horovod.runner.verbose import describe_job
-from horovod.transport.mesh import probe_interval
 
 __all__ = ["LaunchConfig", "NotAvailableYetError", "SLOT_VARS", "LAUNCHER_VARS", "slot_env", "job_env",
            "worker_env", "plan_launches", "package_pythonpath", "run_job", "launch_local"]

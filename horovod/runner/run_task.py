@@ -17,7 +17,7 @@ import cloudpickle
 from horovod.common.config import environ_snapshot, load_config
 from horovod.common.failure_records import FailureRecord, describe_exception
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
-from horovod.runtime.launch_env import detect
+from horovod.common.starters import detect
 
 __all__ = ["TaskOutcome", "capture", "dumps_outcome", "client_from_env", "task_rank", "run_published", "main",
            "FUNC_SCOPE", "FUNC_KEY", "RESULT_SCOPE"]

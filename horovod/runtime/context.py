@@ -13,7 +13,7 @@ import threading
 from typing import Optional
 
 from horovod.common.exceptions import HorovodInternalError
-from horovod.transport.mesh import FORKED, forked
+from horovod.common.forks import FORKED, forked
 
 __all__ = ["Context", "NOT_INITIALIZED", "FORKED_MESSAGE", "current", "get", "install", "clear", "engine", "lock"]
 

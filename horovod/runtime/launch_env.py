@@ -18,7 +18,6 @@ does not keep out someone who can reach the port and guess the id; rank 0 warns 
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import socket
@@ -30,81 +29,11 @@ from horovod.common import config as _config
 from horovod.common.exceptions import HorovodConfigError, HorovodInternalError, RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
 from horovod.common.rendezvous_server import RendezvousServer
+from horovod.common.starters import MPI_STARTERS, TORCH_STYLE, ExternalSlot, detect, env_int
 from horovod.common.types import Topology
 from horovod.runtime import mpi_bootstrap, torchrun
 
-# Slurm's batch step (the sbatch script itself) and its other pseudo-steps have ids at the top of the 32-bit range;
-# only a task step (srun) starts the job's workers.
-_SLURM_PSEUDO_STEPS = 0xFFFFFFF0
-_TORCH_STYLE = "RANK/WORLD_SIZE/MASTER_ADDR (torch env:// style)"
-_MPI_STARTERS = ("mpirun (Open MPI)", "mpirun (PMI)", "srun (Slurm)")
 _ANY = "0.0.0.0"
-
-
-@dataclasses.dataclass(frozen=True)
-class ExternalSlot:
-    """What the starter tells a worker: who started it, its rank, the job's size, its node and the job's id."""
-
-    starter: str
-    rank: int
-    size: int
-    node: Optional[str] = None
-    job_id: str = ""
-
-
-def _int(env: Mapping[str, str], name: str) -> int:
-    try:
-        return int(env[name].strip())
-    except ValueError:
-        raise HorovodConfigError(f"{name}={env[name]!r} is not an integer") from None
-
-
-def detect(env: Mapping[str, str]) -> Optional[ExternalSlot]:
-    """The slot given by ``mpirun`` or ``srun`` variables in ``env``, or None if neither started this process.
-
-    ``torchrun``'s ``RANK``/``WORLD_SIZE`` (with ``TORCHELASTIC_RUN_ID``) come first: torchrun's children inherit
-    the variables of whatever started torchrun. Then Open MPI's ``OMPI_COMM_WORLD_RANK``/``SIZE`` win over PMI's
-    ``PMI_RANK``/``PMI_SIZE``, which win over Slurm's ``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS`` (or
-    ``SLURM_NTASKS``), so ``mpirun`` inside a Slurm allocation is seen as ``mpirun``. Slurm counts only inside a task
-    step (``SLURM_STEP_ID`` set and not the batch script). Last, ``RANK``/``WORLD_SIZE`` with
-    ``MASTER_ADDR``/``MASTER_PORT`` set by hand (torch's env:// convention).
-
-    Raises:
-        HorovodConfigError: a variable does not parse, or the rank is outside the size.
-    """
-    slot = None
-    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env:
-        slot = ExternalSlot(torchrun.STARTER, _int(env, "RANK"), _int(env, "WORLD_SIZE"),
-                            job_id=f"{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
-    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
-        slot = ExternalSlot("mpirun (Open MPI)", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
-                            job_id=env.get("OMPI_MCA_ess_base_jobid", env.get("OMPI_MCA_orte_hnp_uri", "")))
-    elif "PMI_RANK" in env and "PMI_SIZE" in env:
-        slot = ExternalSlot("mpirun (PMI)", _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
-                            job_id=env.get("PMI_KVSNAME", env.get("PMI_ID", "")))
-    elif "SLURM_PROCID" in env and _slurm_task_step(env):
-        tasks = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
-        if tasks not in env:
-            raise HorovodConfigError("SLURM_PROCID is set but neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS is")
-        node = env.get("SLURMD_NODENAME") or (f"slurm-node-{env['SLURM_NODEID']}" if "SLURM_NODEID" in env else None)
-        slot = ExternalSlot("srun (Slurm)", _int(env, "SLURM_PROCID"), _int(env, tasks), node,
-                            job_id=f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}")
-    elif all(name in env for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        slot = ExternalSlot(_TORCH_STYLE, _int(env, "RANK"), _int(env, "WORLD_SIZE"),
-                            job_id=f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
-    if slot is not None and not 0 <= slot.rank < slot.size:
-        raise HorovodConfigError(f"{slot.starter} gave rank {slot.rank} outside 0..{slot.size - 1}")
-    return slot
-
-
-def _slurm_task_step(env: Mapping[str, str]) -> bool:
-    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
-    if step is None:
-        return False
-    try:
-        return int(step) < _SLURM_PSEUDO_STEPS
-    except ValueError:
-        return False  # "batch", "extern", "interactive"
 
 
 def placement(nodes: Sequence[str], rank: int) -> Tuple[int, int, int, int]:
@@ -209,12 +138,12 @@ def _rendezvous(cfg, env: Mapping[str, str], slot: ExternalSlot) -> Tuple[str, i
     if cfg.rendezvous_addr and cfg.rendezvous_port > 0:
         return _configured(cfg, slot, cfg.rendezvous_addr, cfg.rendezvous_port)
     if slot.starter == torchrun.STARTER and torchrun.uses_agent_store(env):
-        master = (env["MASTER_ADDR"], _int(env, "MASTER_PORT"))
+        master = (env["MASTER_ADDR"], env_int(env, "MASTER_PORT"))
         return torchrun.meet(slot.rank, slot.size, slot.job_id, master, cfg.start_timeout,
                              lambda secret: (master[0], _serve_fresh(secret)))
-    if "MASTER_ADDR" in env and "MASTER_PORT" in env and slot.starter in (torchrun.STARTER, _TORCH_STYLE):
-        return _configured(cfg, slot, env["MASTER_ADDR"], _int(env, "MASTER_PORT"))
-    if slot.starter in _MPI_STARTERS and mpi_bootstrap.available():
+    if "MASTER_ADDR" in env and "MASTER_PORT" in env and slot.starter in (torchrun.STARTER, TORCH_STYLE):
+        return _configured(cfg, slot, env["MASTER_ADDR"], env_int(env, "MASTER_PORT"))
+    if slot.starter in MPI_STARTERS and mpi_bootstrap.available():
         return mpi_bootstrap.meet(mpi_bootstrap.world_communicator(), _serve_fresh)
     raise HorovodConfigError(
         f"rank {slot.rank} of {slot.size} was started by {slot.starter} without horovodrun; install mpi4py (the "

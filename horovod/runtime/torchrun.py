@@ -16,10 +16,11 @@ from typing import Callable, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.rendezvous_client import make_secret, secret_from_hex, secret_to_hex
+from horovod.common.starters import TORCHRUN
 
 __all__ = ["STARTER", "uses_agent_store", "meet"]
 
-STARTER = "torchrun"
+STARTER = TORCHRUN
 
 
 def uses_agent_store(env) -> bool:

@@ -23,11 +23,11 @@ from typing import IO, Dict, Iterator, List, Mapping, Optional, Sequence
 from pyspark import BarrierTaskContext, TaskContext
 
 from horovod.common import config
+from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.runner.backends.spark import AGENT_PURPOSE
 from horovod.runner.pipeline import LAUNCHER_VARS
 from horovod.runner.procgroup import signal_group
-from horovod.transport import wire
 
 __all__ = ["AgentSpec", "run_agent", "barrier_agent", "elastic_agent", "merge_env"]
 

@@ -9,7 +9,9 @@ import ast
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Set, Tuple
+from typing import Dict, Iterable, Iterator, List, Set, Tuple
+
+from horovod.tools import floors
 
 __all__ = ["Module", "load_package", "import_cycles", "layer_violations", "long_modules", "long_functions",
            "documentation", "environ_readers", "report", "main"]
@@ -17,10 +19,7 @@ __all__ = ["Module", "load_package", "import_cycles", "layer_violations", "long_
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 50
 MIN_DOCUMENTED = 0.90
-# Layers from the ground up; a module may import its own layer or any below it.
-LAYERS = ("common", "transport", "algorithms", "core", "runtime")
-# Top-level modules that belong to a layer although they sit beside the packages.
-TOP_LEVEL_LAYER = {"timeline": "core", "autotune": "core", "version": "common"}
+# The floors and what each may import: horovod/tools/floors.py.
 # Modules allowed to read os.environ: the config module, and the launch/test helpers that build a child's
 # environment (they copy it, they do not read settings from it).
 ENVIRON_READERS = {"horovod.common.config"}
@@ -28,12 +27,14 @@ ENVIRON_READERS = {"horovod.common.config"}
 
 @dataclass
 class Module:
-    """One source file: its dotted name, its syntax tree and what it imports (top level and function-local)."""
+    """One source file: its dotted name, its syntax tree and what it imports (``imports``: anywhere, function-local
+    imports included; ``top_imports``: what importing the module itself runs)."""
     name: str
     path: Path
     tree: ast.Module
     lines: int
     imports: Set[str] = field(default_factory=set)
+    top_imports: Set[str] = field(default_factory=set)
 
 
 def _module_name(root: Path, path: Path) -> str:
@@ -57,6 +58,29 @@ def _resolve(module: Module, node: ast.ImportFrom, known: Set[str]) -> Iterable[
         yield candidate if candidate in known else prefix
 
 
+def _import_nodes(tree: ast.AST) -> Iterator[Tuple[ast.stmt, bool]]:
+    """Every import statement of ``tree`` with whether it sits inside a function (runs only when that is called)."""
+    stack = [(tree, False)]
+    while stack:
+        node, local = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, local
+            stack.append((child, local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))))
+
+
+def _with_parents(targets: Set[str], module: Module, known: Set[str]) -> Set[str]:
+    """``targets`` and their packages: importing a.b.c runs a/__init__ and a/b/__init__ first."""
+    found = set(targets)
+    for target in targets:
+        parts = target.split(".")
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent in known and parent != module.name and not module.name.startswith(parent + "."):
+                found.add(parent)
+    return found
+
+
 def load_package(root: Path) -> Dict[str, Module]:
     """Parse every ``.py`` file under ``root`` (a package folder) into a ``Module`` with its in-package imports."""
     modules: Dict[str, Module] = {}
@@ -67,25 +91,22 @@ def load_package(root: Path) -> Dict[str, Module]:
     known = set(modules)
     top = root.name
     for module in modules.values():
-        for node in ast.walk(module.tree):
+        every, top_level = set(), set()
+        for node, local in _import_nodes(module.tree):
             targets: Iterable[str] = ()
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
+            else:
                 targets = _resolve(module, node, known)
             for target in targets:
                 while target and target not in known and "." in target:
                     target = target.rsplit(".", 1)[0]
                 if target in known and target.split(".")[0] == top and target != module.name:
-                    module.imports.add(target)
-    # Importing a.b.c runs a/__init__ and a/b/__init__ first: those edges are real too.
-    for module in modules.values():
-        for target in list(module.imports):
-            parts = target.split(".")
-            for i in range(1, len(parts)):
-                parent = ".".join(parts[:i])
-                if parent in known and parent != module.name and not module.name.startswith(parent + "."):
-                    module.imports.add(parent)
+                    every.add(target)
+                    if not local:
+                        top_level.add(target)
+        module.imports = _with_parents(every, module, known)
+        module.top_imports = _with_parents(top_level, module, known)
     return modules
 
 
@@ -127,23 +148,15 @@ def import_cycles(modules: Dict[str, Module]) -> List[List[str]]:
     return cycles
 
 
-def _layer(name: str) -> int:
-    parts = name.split(".")
-    if len(parts) < 2:
-        return len(LAYERS)
-    layer = TOP_LEVEL_LAYER.get(parts[1], parts[1])
-    return LAYERS.index(layer) if layer in LAYERS else len(LAYERS)
-
-
 def layer_violations(modules: Dict[str, Module]) -> List[Tuple[str, str]]:
-    """(importer, imported) pairs where a module of a lower layer imports one above it (or outside the layers)."""
+    """(importer, imported) pairs the floors' table (:mod:`horovod.tools.floors`) does not allow and no named
+    exception excuses: an import of a floor the importer may not reach, or at the top level of one it may reach
+    only inside a function, or from or of a package with no floor."""
     bad = []
     for module in modules.values():
-        own = _layer(module.name)
-        if own >= len(LAYERS):
-            continue
         for target in module.imports:
-            if _layer(target) > own and target != module.name.split(".")[0]:
+            inside = target not in module.top_imports
+            if not floors.allowed(module.name, target, inside) and not floors.excused(module.name, target):
                 bad.append((module.name, target))
     return sorted(bad)
 
@@ -211,7 +224,7 @@ def report(root: Path) -> Tuple[bool, str]:
     lines, ok = [], True
     checks = [
         ("import circles", import_cycles(modules)),
-        ("lower layer imports a higher one", layer_violations(modules)),
+        ("imports the floors do not allow", layer_violations(modules)),
         (f"modules over {MAX_MODULE_LINES} lines", long_modules(modules)),
         (f"functions over {MAX_FUNCTION_LINES} lines", long_functions(modules)),
         ("os.environ outside the config module", environ_readers(modules)),

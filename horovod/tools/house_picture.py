@@ -10,33 +10,21 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from horovod.tools import floors
 from horovod.tools.house import Module, load_package
 
-__all__ = ["FLOORS", "rooms", "draw", "main"]
-
-# Bottom-up. A package not named here is drawn on the top floor.
-FLOORS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("ground floor", ("common", "version")),
-    ("transport", ("transport",)),
-    ("algorithms", ("algorithms",)),
-    ("engine", ("core", "timeline", "autotune")),
-    ("front door", ("runtime",)),
-    ("bindings and elastic", ("numpy", "torch", "tensorflow", "keras", "jax", "elastic")),
-    ("launchers", ("runner", "ray", "spark", "__init__", "_aliases")),
-    ("tools", ("testing", "tools")),
-)
-
+__all__ = ["rooms", "draw", "main"]
 
 def _room(name: str) -> str:
     parts = name.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in floors.ROOMS:
+        return ".".join(parts[1:3])     # a subpackage with a floor of its own (the Spark estimators)
     return parts[1] if len(parts) > 1 else "__init__"
 
 
 def _floor(room: str) -> int:
-    for index, (_, members) in enumerate(FLOORS):
-        if room in members:
-            return index
-    return len(FLOORS) - 1
+    floor = floors.floor_of("horovod" if room == "__init__" else f"horovod.{room}")
+    return floors.FLOORS.index(floor) if floor else len(floors.FLOORS) - 1
 
 
 def rooms(modules: Dict[str, Module]) -> Tuple[Dict[str, int], Counter, Dict[str, List[str]]]:
@@ -109,10 +97,10 @@ def draw(root: Path, path: Path) -> None:
                     xytext=(x0 + w0 / 2, f0 + (0.15 if not upward else 0.7)),
                     arrowprops=dict(arrowstyle="->", color="#c0392b" if upward else "#7f8c8d",
                                     lw=0.5 + min(count, 20) / 10, alpha=0.7))
-    for index, (title, _) in enumerate(FLOORS):
+    for index, title in enumerate(floors.FLOORS):
         ax.text(-0.01, index + 0.42, title, ha="right", fontsize=9, style="italic")
     ax.set_xlim(-0.2, 1.0)
-    ax.set_ylim(0, len(FLOORS))
+    ax.set_ylim(0, len(floors.FLOORS))
     ax.axis("off")
     ax.set_title("horovod-py: floors from the ground up; arrows are imports (grey down, red up)")
     fig.tight_layout()

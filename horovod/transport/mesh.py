@@ -14,8 +14,9 @@ before it published its address): that is reported at once as a lost rank.
 Liveness is the kernel's (:func:`watch_liveness`): keepalive probes on idle connections and a bound on unacknowledged
 data, answered by the peer's kernel whatever its Python does.
 
-A process forked after the mesh was made shares its connections with its parent: :func:`forked` says so, and
-:meth:`horovod.transport.tcp.TcpTransport.close` then never shuts them down.
+A process forked after the mesh was made shares its connections with its parent
+(:func:`horovod.common.forks.forked` says so), and :meth:`horovod.transport.tcp.TcpTransport.close` then never
+shuts them down.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ import threading
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
+from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
-from horovod.transport import wire
+from horovod.common.liveness import probe_interval
 from horovod.transport.reactor import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES, VERDICT_KEEP, Reactor
 
-__all__ = ["HANDSHAKE_SECONDS", "MAX_PENDING_HANDSHAKES", "PURPOSE_MESH", "FORKED", "forked", "watch_liveness",
+__all__ = ["HANDSHAKE_SECONDS", "MAX_PENDING_HANDSHAKES", "PURPOSE_MESH", "watch_liveness",
            "raise_descriptor_limit", "DescriptorLimitError", "MeshSetup"]
 
 
@@ -42,25 +44,6 @@ class DescriptorLimitError(HorovodInternalError):
     fix; the engine adds the collective that needed it)."""
 
 PURPOSE_MESH = 2                  # 1 was the full mesh made at init, whose acceptors sent no verdict
-FORKED = [False]
-
-
-def _after_fork_in_child() -> None:
-    FORKED[0] = True
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def forked() -> bool:
-    """Whether this process was forked from the one that may own the job's connections (they are not its own)."""
-    return FORKED[0]
-
-
-def probe_interval(liveness: float) -> float:
-    """Seconds between keepalive probes for a liveness timeout of ``liveness`` seconds: the ranks that lose one peer
-    each learn of it within this much of each other."""
-    return float(max(1, int(liveness / 10)))
 
 
 def watch_liveness(sock: socket.socket, seconds: float) -> None:

@@ -5,7 +5,7 @@ runs here, on one thread over one selector, however many peers there are:
 
 * **Listening.** The TCP and Unix listeners stay open for the whole job (connections are opened when a collective
   first needs them, :mod:`horovod.transport.mesh`). Every accepted connection runs the acceptor's side of
-  :func:`horovod.transport.wire.handshake` as a non-blocking state machine, with :data:`HANDSHAKE_SECONDS` in all,
+  :func:`horovod.common.wire.handshake` as a non-blocking state machine, with :data:`HANDSHAKE_SECONDS` in all,
   however its bytes trickle in. At most :data:`MAX_PENDING_HANDSHAKES` are heard at once; past that the *oldest*
   unauthenticated one is dropped, never the newcomer, so strangers holding connections cannot keep a real peer out.
   A Unix-socket caller running as another user is refused before it sends a byte (``SO_PEERCRED``).
@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Callable, Deque, Dict, Optional, Tuple
 
-from horovod.transport import wire
+from horovod.common import wire
 
 __all__ = ["HANDSHAKE_SECONDS", "MAX_PENDING_HANDSHAKES", "VERDICT_KEEP", "VERDICT_DROP", "SendFuture", "Reactor"]
 

@@ -32,15 +32,15 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
-from horovod.transport import wire
+from horovod.common.forks import FORKED
 from horovod.transport.duplex import PollDuplex
-from horovod.transport.mesh import (FORKED, DescriptorLimitError, MeshSetup, forked, hold_open, watch_liveness,
-                                    window_closed)
+from horovod.transport.mesh import DescriptorLimitError, MeshSetup, hold_open, watch_liveness, window_closed
 from horovod.transport.patience import Patience
 from horovod.transport.reactor import Reactor, SendFuture
 
-__all__ = ["SendFuture", "TcpTransport", "forked", "watch_liveness"]
+__all__ = ["SendFuture", "TcpTransport", "watch_liveness"]
 
 log = logging.getLogger("horovod")
 
@@ -312,7 +312,7 @@ class TcpTransport(MeshSetup):
             raise self._fail(peer, exc) from None
 
     def send_obj(self, peer: int, message) -> None:
-        """Send one control message (primitives only, see :mod:`horovod.transport.wire`)."""
+        """Send one control message (primitives only, see :mod:`horovod.common.wire`)."""
         sock = self._sock(peer)
         try:
             wire.send_frame(sock, wire.encode(message))

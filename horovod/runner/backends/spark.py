@@ -1,7 +1,7 @@
 """The Spark backend: workers started by agents that run inside Spark tasks.
 
 Each Spark task of a ``horovod.spark`` job runs an agent (:mod:`horovod.spark.task`). The agent dials the driver's
-:class:`AgentServer`, both ends prove they know the job secret (:func:`horovod.transport.wire.handshake`), and the
+:class:`AgentServer`, both ends prove they know the job secret (:func:`horovod.common.wire.handshake`), and the
 agent says where it runs. :class:`SparkBackend` then hands each planned worker (a
 :class:`~horovod.runner.backends.base.WorkerLaunch`) to an agent: the agent starts the command as its own child, in a
 session of its own that dies with the agent, streams the worker's output back and reports its exit. A
@@ -10,7 +10,7 @@ session of its own that dies with the agent, streams the worker's output back an
 The agent's connection is its liveness: when Spark's Python worker that runs an agent dies (an executor lost, a
 process killed), its connection closes and its worker counts as killed by SIGKILL, at once.
 
-Messages are class-free tuples (:func:`horovod.transport.wire.encode`), agent to driver: ``("hello", index, attempt,
+Messages are class-free tuples (:func:`horovod.common.wire.encode`), agent to driver: ``("hello", index, attempt,
 host, pid, python)``, ``("started", pid)``, ``("error", text)``, ``("out", stream, bytes)``, ``("exit", code)``;
 driver to agent: ``("launch", argv, env)``, ``("signal", sig)``, ``("done",)``. This module does not import pyspark.
 """
@@ -25,9 +25,9 @@ import threading
 import time
 from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_each
-from horovod.transport import wire
 
 __all__ = ["AGENT_PURPOSE", "AgentInfo", "Agent", "AgentServer", "SparkWorkerHandle", "SparkBackend"]
 

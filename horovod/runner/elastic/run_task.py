@@ -10,7 +10,6 @@ import sys
 
 import cloudpickle
 
-from horovod.runtime import basics
 from horovod.runner.run_task import FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE, capture, client_from_env, dumps_outcome
 
 
@@ -24,6 +23,7 @@ def main() -> int:
     outcome = capture(-1, func, args, kwargs)
     if isinstance(outcome.error, SystemExit) and not outcome.error.code:
         return 0
+    from horovod.runtime import basics   # the function ran here: Horovod is loaded already
     rank = basics.rank() if basics.is_initialized() else 0
     outcome = type(outcome)(rank, outcome.value, outcome.error, outcome.error_repr, outcome.traceback)
     client.put(RESULT_SCOPE, str(rank), dumps_outcome(outcome))
