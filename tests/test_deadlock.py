@@ -10,7 +10,8 @@ import time
 import pytest
 
 from horovod.common.types import OpType, Request
-from horovod.core.controller import Coordinator, Message
+from horovod.core.coordinator import Coordinator
+from horovod.core.decision import Message
 from horovod.core.response_cache import ResponseCache
 from horovod.testing import spawn_ranks
 

@@ -4,7 +4,8 @@ import pytest
 
 from horovod.common.types import OpType, ReduceOp, Request, Response
 from horovod.core import fusion
-from horovod.core.controller import Coordinator, Message
+from horovod.core.coordinator import Coordinator
+from horovod.core.decision import Message
 from horovod.core.response_cache import ResponseCache, split_hits
 
 pytestmark = pytest.mark.unit

@@ -27,11 +27,10 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from horovod.autotune import Autotuner
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType, Request, Response
-from horovod.core import handles
 from horovod.core.execution import Executor
 from horovod.core.handles import Handle
 from horovod.core.negotiation import for_loop
-from horovod.core.negotiation.base import IDLE, NEW
+from horovod.core.negotiation.base import IDLE, NEW, report_stalls
 from horovod.core.ops import Entry
 from horovod.core.set_state import ProcessSets, SetState, close_segments
 from horovod.core.waiters import Waiters, Wakeup, spin_select
@@ -96,7 +95,7 @@ class Engine:
         self._error: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
         # Whoever runs the loop holds this: the engine thread, except while it sleeps in select; then a waiting
-        # caller may run the loop itself (_drive_for).
+        # caller may run the loop itself (drive).
         self._loop_lock = threading.Lock()
         self._loop_ended = False
         self._drives = 0                        # how many times a waiting thread took the loop
@@ -126,8 +125,6 @@ class Engine:
         if 0 not in self.sets:
             self.add_static_set(0, range(self.size))
         self.negotiation.start()
-        handles.set_blocking_hook(self._on_blocking)
-        handles.set_driver(self._drive_for)
         hostnames = self.transport.hostnames if self.transport is not None else ()
         if hostnames:
             self._spin = shm.spin_seconds(sum(1 for host in hostnames if host == hostnames[self.rank]))
@@ -176,7 +173,7 @@ class Engine:
         if state.index < 0:
             raise ValueError(f"rank {self.rank} is not a member of process set {process_set_id} "
                              f"(ranks {list(state.ranks)})")
-        handle = Handle(request.name)
+        handle = Handle(request.name, self)
         with state.lock:
             # Checked under the set's lock: the loop sets these under the same lock before failing what is queued.
             if self._stopped:
@@ -206,9 +203,10 @@ class Engine:
 
     def mark_joined(self) -> None:
         """This rank has joined (``hvd.join``): it contributes zeros to allreduces until the join completes."""
-        self._executor.joined = True
+        self._executor.mark_joined()
 
-    def _on_blocking(self, delta: int) -> None:
+    def waiting(self, delta: int) -> None:
+        """A thread blocks on (+1), stops blocking on (-1) or polls (0) one of this engine's handles."""
         waiters = self.waiters
         if delta:
             waiters.add(delta)
@@ -234,7 +232,7 @@ class Engine:
         """
         if threading.current_thread() is not self._thread:
             # A waiting caller runs the loop: it sleeps here itself, where an interrupt leaves nothing half done
-            # (the flag stays set when one propagates, for _drive_for to see).
+            # (the flag stays set when one propagates, for drive to see).
             self._driver_sleeping = True
             readable = self._poll(fds, timeout)
             self._driver_sleeping = False
@@ -283,7 +281,7 @@ class Engine:
         return max(self.cycle_time, _BATCH_SPACING_SECONDS) if self._default_spacing else self.cycle_time
 
     def _run(self) -> None:
-        """The engine thread: run the loop, except while a waiting caller runs it (see :meth:`_drive_for`)."""
+        """The engine thread: run the loop, except while a waiting caller runs it (see :meth:`drive`)."""
         try:
             with self._loop_lock:
                 self._run_steps(lambda: False)
@@ -316,9 +314,6 @@ class Engine:
             return
         if error is not None and self._error is None:
             self._error = error
-        if handles._blocking_hook == self._on_blocking:
-            handles.set_blocking_hook(None)
-            handles.set_driver(None)
         if self.transport is not None:
             self.transport.close()
         self._stopped = True
@@ -328,7 +323,7 @@ class Engine:
         self._loop_ended = True
         self.wake.notify()      # an engine thread asleep in select learns of it
 
-    def _drive_for(self, handle: Handle) -> bool:
+    def drive(self, handle: Handle) -> bool:
         """Run the loop on this (waiting) thread until ``handle`` completes, if the engine thread sleeps.
 
         A blocking collective then costs no thread hand-off: the engine thread would wake up to negotiate and
@@ -364,9 +359,7 @@ class Engine:
         """Autotune's choice; both knobs act on rank 0 only (it plans fusion and starts cycles)."""
         self.cycle_time = cycle_time_ms / 1000.0
         self._default_spacing = False
-        for state in list(self.sets.values()):
-            if state.coordinator is not None:
-                state.coordinator.fusion_threshold = fusion_threshold
+        self._sets.set_fusion_threshold(fusion_threshold)
 
     # -- a cycle: negotiate and execute, set by set ---------------------------------------------------------------
 
@@ -375,17 +368,18 @@ class Engine:
         if self.timeline is not None:
             self.timeline.cycle_start()
         if self.autotuner is not None:
-            self.autotuner.record(self._executor.cycle_bytes)
-            self._executor.cycle_bytes = 0
+            self.autotuner.record(self._executor.take_cycle_bytes())
         for set_id in sorted(self.sets):
             state = self.sets.get(set_id)
             if state is None or state.index < 0:
                 continue
             if self._patience is not None:     # so that a wait on a busy peer names what this rank waits for
                 self._patience.activity = state.describe_pending
-            shutdown, batches = self.negotiation.negotiate(state, self._shutdown if set_id == 0 else False)
-            self._executor.run(state, batches)
-            if shutdown:
+            decision = self.negotiation.negotiate(state, self._shutdown if set_id == 0 else False)
+            if decision.stalls:
+                report_stalls(decision.stalls)
+            self._executor.run(state, decision.batches)
+            if decision.shutdown:
                 return True
         return False
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OP_NAMES, OpType, Response, nbytes
 from horovod.core import fusion
-from horovod.core.controller import FATAL_ERROR
+from horovod.core.decision import FATAL_ERROR
 from horovod.core.deadlock import DEADLOCK_PREFIX
 from horovod.core.negotiation.base import Batch
 from horovod.core.negotiation.inline import allreduce_contributions
@@ -45,6 +45,15 @@ class Executor:
         self.cycle_bytes = 0            # bytes allreduced since autotune last took them
         self._count_bytes = count_bytes
         self._apply_set_change = apply_set_change
+
+    def mark_joined(self) -> None:
+        """This rank has joined: it contributes zeros to allreduces until the join completes."""
+        self.joined = True
+
+    def take_cycle_bytes(self) -> int:
+        """The bytes allreduced since the last call (what autotune scores)."""
+        taken, self.cycle_bytes = self.cycle_bytes, 0
+        return taken
 
     def run(self, state: SetState, batches: List[Batch]) -> None:
         """Execute ``state``'s batches in order and record them in its response cache."""

@@ -3,45 +3,38 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Protocol
 
-__all__ = ["Handle", "set_blocking_hook", "set_driver"]
-
-
-# Called with +1 when a thread is about to block on an unfinished handle, -1 when it stops, and 0 when a thread
-# polls an unfinished handle: the engine batches tensors while nobody waits for a result, and hurries as soon as
-# somebody does.
-_blocking_hook: Optional[Callable[[int], None]] = None
+__all__ = ["Handle", "Loop"]
 
 
-def set_blocking_hook(hook: Optional[Callable[[int], None]]) -> None:
-    """Install the engine's hook told when threads block on (+1), stop blocking on (-1) or poll (0) a handle."""
-    global _blocking_hook
-    _blocking_hook = hook
+class Loop(Protocol):
+    """What a handle waits on: the engine that completes it.
 
+    The engine batches tensors while nobody waits for a result and hurries as soon as somebody does, so a handle
+    tells it when a thread blocks on it or polls it; and a thread about to wait may run the engine's loop itself.
+    """
 
-# Offered a handle a thread is about to wait for (without a timeout): runs the engine's loop on that thread until
-# the handle completes and returns True, or returns False at once when the loop is busy elsewhere.
-_driver: Optional[Callable[["Handle"], bool]] = None
+    def waiting(self, delta: int) -> None:
+        """A thread is about to block on a handle (+1), stopped blocking (-1), or polls an unfinished one (0)."""
 
-
-def set_driver(driver: Optional[Callable[["Handle"], bool]]) -> None:
-    """Install the engine's offer to run its loop on a thread about to wait for a handle (None: no offer)."""
-    global _driver
-    _driver = driver
+    def drive(self, handle: "Handle") -> bool:
+        """Run the loop on this thread until ``handle`` completes and return True, or return False at once when
+        the loop is busy elsewhere."""
 
 
 class Handle:
     """Completion of one collective. ``result()`` blocks, then returns the output or raises the op's error.
 
     A bare lock (held until completion) is the cheapest primitive a waiter can block on; a training step creates
-    one handle per gradient, so the cost matters.
+    one handle per gradient, so the cost matters. ``loop`` is the engine that completes it (None: nothing to tell).
     """
 
-    __slots__ = ("name", "_done", "_lock", "_value", "_error", "_callbacks", "__weakref__")
+    __slots__ = ("name", "_loop", "_done", "_lock", "_value", "_error", "_callbacks", "__weakref__")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, loop: Optional[Loop] = None):
         self.name = name
+        self._loop = loop
         self._done = False
         self._lock = threading.Lock()
         self._lock.acquire()
@@ -58,9 +51,9 @@ class Handle:
         """Whether the collective completed; a poll, so the engine hurries as for a blocked waiter."""
         if self._done:
             return True
-        hook = _blocking_hook
-        if hook is not None:
-            hook(0)      # somebody polls for this result: as urgent as a blocked waiter
+        loop = self._loop
+        if loop is not None:
+            loop.waiting(0)      # somebody polls for this result: as urgent as a blocked waiter
         return self._done
 
     def set_result(self, value: Any) -> None:
@@ -93,19 +86,21 @@ class Handle:
         """Block until completion or ``timeout`` seconds; returns whether it completed."""
         if self._done:
             return True
-        driver = _driver
-        if timeout is None and driver is not None and driver(self):
+        loop = self._loop
+        if loop is None:
+            return self._lock_wait(timeout)
+        if timeout is None and loop.drive(self):
             return True
-        hook = _blocking_hook
-        if hook is not None:
-            hook(1)
+        loop.waiting(1)
         try:
-            if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
-                self._lock.release()
-                return True
+            return self._lock_wait(timeout)
         finally:
-            if hook is not None:
-                hook(-1)
+            loop.waiting(-1)
+
+    def _lock_wait(self, timeout: Optional[float]) -> bool:
+        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            self._lock.release()
+            return True
         return self._done
 
     def exception(self) -> Optional[BaseException]:

@@ -12,7 +12,7 @@ from horovod.algorithms.group import Group
 from horovod.algorithms.hierarchical import Hierarchy
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import Request
-from horovod.core.controller import Coordinator
+from horovod.core.coordinator import Coordinator
 from horovod.core.ops import Entry
 from horovod.core.response_cache import ResponseCache
 from horovod.transport import shm
@@ -26,7 +26,7 @@ class SetState:
     """Everything the engine keeps for one process set."""
 
     def __init__(self, set_id: int, ranks: Sequence[int], rank: int, transport, config, may_spin=None,
-                 every_member_coordinates: bool = False):
+                 every_member_coordinates: bool = False, track_arrivals: bool = True):
         self.id = set_id
         self.ranks = tuple(ranks)
         self.index = self.ranks.index(rank) if rank in self.ranks else -1
@@ -38,7 +38,7 @@ class SetState:
         self.coordinator = Coordinator(
             self.ranks, self.cache, config.fusion_threshold, config.disable_group_fusion,
             config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
-            not config.stall_check_disable) if self.index == 0 or (every_member_coordinates and self.index >= 0) \
+            not config.stall_check_disable, track_arrivals) if self.index == 0 or (every_member_coordinates and self.index >= 0) \
             else None
         self.last_requests: Dict[str, Request] = {}
         self.queue: List[Request] = []
@@ -75,9 +75,7 @@ class ProcessSets:
     def add(self, set_id: int, ranks: Sequence[int]) -> None:
         """Register set ``set_id`` (a static set, known to every rank before the loop starts)."""
         state = SetState(set_id, ranks, self._rank, self._transport, self._config, self._may_spin,
-                         self._every_member_coordinates)
-        if state.coordinator is not None:
-            state.coordinator.track_arrivals = self._track_arrivals
+                         self._every_member_coordinates, self._track_arrivals)
         self.by_id[set_id] = state
         self._next_id = max(self._next_id, set_id + 1)
 
@@ -102,6 +100,12 @@ class ProcessSets:
             entry.handle.set_exception(HorovodInternalError(f"process set {set_id} was removed"))
         close_segments(removed)
         return True
+
+    def set_fusion_threshold(self, fusion_threshold: int) -> None:
+        """Every coordinator of this rank plans fusion up to ``fusion_threshold`` bytes (autotune's choice)."""
+        for state in list(self.by_id.values()):
+            if state.coordinator is not None:
+                state.coordinator.set_fusion_threshold(fusion_threshold)
 
     def work(self) -> int:
         """NEW when requests of this rank wait to be negotiated, PENDING when only answers are awaited, else IDLE."""

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import Request, Response
-from horovod.core.controller import Message, StallReport
+from horovod.core.decision import Decision, Message, StallReport
 from horovod.core.set_state import IDLE, NEW, PENDING, SetState
 from horovod.core.waiters import Waiters, Wakeup
 from horovod.transport.base import Transport
@@ -82,8 +82,9 @@ class Negotiation(abc.ABC):
         """
 
     @abc.abstractmethod
-    def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
-        """One process set's negotiation in the cycle that started: (the job shuts down, batches in order)."""
+    def negotiate(self, state: SetState, shutdown: bool) -> Decision:
+        """One process set's negotiation in the cycle that started: what the engine executes (batches in order,
+        whether the job shuts down, the stall reports to log)."""
 
     def wake_on_wait(self) -> bool:
         """Whether a thread starting to wait on a handle must wake the loop (a cycle or a message may be due)."""

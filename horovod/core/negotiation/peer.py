@@ -16,9 +16,9 @@ from typing import Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
-from horovod.core.controller import Message
+from horovod.core.decision import Decision, Message
 from horovod.core.negotiation import inline
-from horovod.core.negotiation.base import POLL_SECONDS, Batch, Loop, Negotiation, decode_message, report_stalls
+from horovod.core.negotiation.base import POLL_SECONDS, Loop, Negotiation, decode_message
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState
 
@@ -197,7 +197,7 @@ class PeerNegotiation(Negotiation):
         self.presented = True
         self._queued_since = None
 
-    def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+    def negotiate(self, state: SetState, shutdown: bool) -> Decision:
         """This member's coordinator decides the set's batches from every member's message."""
         messages = []
         clock = 0.0
@@ -212,11 +212,10 @@ class PeerNegotiation(Negotiation):
         batches, stop, reports = state.coordinator.step(messages, clock)
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (peer) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
-        if state.index == 0:
-            report_stalls(reports)
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
-        return stop, self.held.batches(state.id, len(state.ranks), batches)
+        return Decision(self.held.batches(state.id, len(state.ranks), batches), stop,
+                        reports if state.index == 0 else ())    # every member decides; the first one reports
 
     def _message(self, state: SetState, position: int, rank: int) -> Tuple[Message, float]:
         """The message of the member at ``position`` (global ``rank``) and its clock; its data is held."""

@@ -15,10 +15,9 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType, Response
-from horovod.core.controller import Message
+from horovod.core.decision import Decision, Message
 from horovod.core.negotiation import inline
-from horovod.core.negotiation.base import (IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation, decode_message,
-                                           report_stalls)
+from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation, decode_message
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState
 
@@ -46,7 +45,7 @@ def _encode(response: Response, bit: Optional[int]):
     return response.to_wire() if bit is None else bit
 
 
-def decode_reply(state: SetState, reply) -> Tuple[bool, List[Batch]]:
+def decode_reply(state: SetState, reply) -> Decision:
     """A coordinator's reply (``(shutdown, batches)``, cached responses as bits) as the batches to execute.
 
     Raises:
@@ -61,7 +60,7 @@ def decode_reply(state: SetState, reply) -> Tuple[bool, List[Batch]]:
         raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
     contributions = inline.checked_contributions(reply[2], len(batches), len(state.ranks)) if len(reply) == 3 \
         else [None] * len(batches)
-    return bool(reply[0]), [Batch(batch, c) for batch, c in zip(batches, contributions)]
+    return Decision([Batch(batch, c) for batch, c in zip(batches, contributions)], bool(reply[0]))
 
 
 def _message(state: SetState, shutdown: bool) -> tuple:
@@ -91,7 +90,7 @@ class StarNegotiation(Negotiation):
         super().__init__(loop)
         self.held = inline.HeldData()    # small allreduces' data that came with the messages (a set's first rank)
 
-    def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+    def negotiate(self, state: SetState, shutdown: bool) -> Decision:
         """One set's negotiation: its first rank decides and replies, the others send their message and read the
         reply."""
         if state.coordinator is not None:
@@ -105,7 +104,7 @@ class StarNegotiation(Negotiation):
             reply = transport.recv_obj(coordinator)
         return decode_reply(state, reply)
 
-    def _coordinate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+    def _coordinate(self, state: SetState, shutdown: bool) -> Decision:
         requests = state.drain()
         hits, full = split_hits(state.cache, state.last_requests, requests)
         messages = [Message(shutdown, tuple(hits), tuple(full))]
@@ -116,13 +115,12 @@ class StarNegotiation(Negotiation):
         batches, stop, reports = state.coordinator.step(messages, time.monotonic())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (star) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
-        report_stalls(reports)
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
         decided, reply = self._reply_with_data(state, stop, batches)
         for peer in state.ranks[1:]:
             self.loop.transport.send_obj(peer, reply)
-        return stop, decided
+        return Decision(decided, stop, reports)
 
     def _reply_with_data(self, state: SetState, stop: bool, batches) -> Tuple[List[Batch], tuple]:
         """The decided batches, those whose every member's data is held split off to be folded, and the reply that

@@ -36,7 +36,8 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
-from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Batch, Loop, decode_message, report_stalls
+from horovod.core.decision import Decision
+from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop, decode_message
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.star import StarNegotiation, _is_reply, decode_reply, message_and_data
 from horovod.core.set_state import SetState
@@ -264,7 +265,7 @@ class TreeNegotiation(StarNegotiation):
 
     # -- one cycle -----------------------------------------------------------------------------------------------
 
-    def negotiate(self, state: SetState, shutdown: bool) -> Tuple[bool, List[Batch]]:
+    def negotiate(self, state: SetState, shutdown: bool) -> Decision:
         """The global set up and down the tree; any other set as under the star."""
         if state.id != 0:
             return super().negotiate(state, shutdown)
@@ -309,7 +310,7 @@ class TreeNegotiation(StarNegotiation):
                 raise HorovodInternalError(f"rank {self.loop.rank} expected the negotiation message of rank {child}, "
                                            f"got {frame!r:.100}")
 
-    def _decide(self, state: SetState, groups: Groups, datas: list) -> Tuple[bool, List[Batch]]:
+    def _decide(self, state: SetState, groups: Groups, datas: list) -> Decision:
         for rank, data in datas:
             if 0 <= rank < self.loop.size:
                 self.held.hold(state.id, rank, inline.checked(data, rank))
@@ -323,13 +324,12 @@ class TreeNegotiation(StarNegotiation):
         batches, stop, reports = state.coordinator.step_groups(decoded, time.monotonic())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (tree): %s", [n for b in batches for r in b for n in r.names])
-        report_stalls(reports)
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
         decided, reply = self._reply_with_data(state, stop, batches)
         for child in self._children:
             self._send(child, reply)
-        return stop, decided
+        return Decision(decided, stop, reports)
 
     def _send(self, peer: int, frame) -> None:
         self.frames += 1

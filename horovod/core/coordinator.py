@@ -1,52 +1,28 @@
 """The coordinator: which named requests are ready on every rank of a process set, and what each rank executes.
 
-The coordinator (the set's first rank) runs :meth:`Coordinator.step` once per cycle over the messages of all the
-set's ranks. It is a pure state machine over plain data: no sockets, no threads, no clock of its own, so it is tested
-without processes. A name is ready once every rank that has not joined submitted it; its requests are then validated
-(dtype, shape, op, scales, root must agree) and a mismatch becomes an ERROR response that names the tensor, the
-field and what each rank sent, failing the op on every rank while the job goes on. How the messages reach it (and
-who runs it) is the negotiation protocols' business: :mod:`horovod.core.negotiation`.
+The coordinator (the set's first rank, or every member under peer negotiation) runs :meth:`Coordinator.step` once
+per cycle over the :class:`~horovod.core.decision.Message` of each of the set's ranks and returns a
+:class:`~horovod.core.decision.Decision`. It is a pure state machine over plain data: no sockets, no threads, no clock
+of its own, so it is tested without processes. A name is ready once every rank that has not joined submitted it; its
+requests are then validated (:mod:`horovod.core.validation`), a mismatch failing the op on every rank while the job
+goes on. How the messages reach it (and who runs it) is the negotiation protocols' business:
+:mod:`horovod.core.negotiation`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response
-from horovod.core import fusion
+from horovod.common.types import OpType, Request, Response
+from horovod.core import fusion, validation
 from horovod.core.deadlock import DeadlockWatch, describe
+from horovod.core.decision import FATAL_ERROR, Decision, Message, StallReport
 from horovod.core.response_cache import ResponseCache
 
-__all__ = ["FATAL_ERROR", "StallReport", "Message", "Coordinator"]
+__all__ = ["Coordinator"]
 
-FATAL_ERROR = 1   # ERROR response payload: raise HorovodInternalError, as Horovod shuts down on a stall
 _IDENTICAL_OPS = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.BARRIER})
-_JOIN_UNSUPPORTED = (OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL, OpType.REDUCESCATTER)
-
-
-def _scale(value: float):
-    """A scale factor as compared between ranks: NaN equals NaN (every rank asked for the same thing)."""
-    return "nan" if value != value else value
-
-
-@dataclasses.dataclass
-class StallReport:
-    """Tensors waiting longer than the stall warning time, and the ranks (global) that have not sent them."""
-
-    name: str
-    missing_ranks: Tuple[int, ...]
-    waited: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Message:
-    """One rank's contribution to a cycle."""
-
-    shutdown: bool
-    hits: Tuple[int, ...]
-    requests: Tuple[Request, ...]
 
 
 class Coordinator:
@@ -54,7 +30,7 @@ class Coordinator:
 
     def __init__(self, ranks: Sequence[int], cache: ResponseCache, fusion_threshold: int,
                  disable_group_fusion: bool = False, stall_warning: float = 60.0, stall_shutdown: float = 0.0,
-                 stall_check: bool = True):
+                 stall_check: bool = True, track_arrivals: bool = True):
         self.ranks = tuple(ranks)
         self.cache = cache
         self.fusion_threshold = fusion_threshold
@@ -77,7 +53,7 @@ class Coordinator:
         # Deadlocks fail within the stall warning time (half of it, unchanged): stalls only warn, as in Horovod.
         self._deadlock = DeadlockWatch(stall_warning / 2) if stall_check and stall_warning > 0 else None
         self.arrivals: List[Tuple[str, int, int]] = []   # (name, op, global rank) of the last step, for the timeline
-        self.track_arrivals = True     # the engine turns it off when no timeline reads them
+        self.track_arrivals = track_arrivals     # off when no timeline reads them
         # The last fusion plan and what it was made from: a training loop makes the same tensors ready in the same
         # order every step (the same response objects, from ``_agreed``), and planning 200 of them costs ~100 us.
         self._plan_key: Optional[Tuple] = None
@@ -89,16 +65,16 @@ class Coordinator:
         """The number of ranks in the set."""
         return len(self.ranks)
 
-    def step(self, messages: Sequence[Message], now: float) -> Tuple[List[List[Response]], bool, List[StallReport]]:
+    def step(self, messages: Sequence[Message], now: float) -> Decision:
         """Absorb one cycle's messages (indexed by position in the set).
 
         Returns:
-            (batches to execute in order, whether the job shuts down, stall reports due now)
+            the batches to execute in order (lists of responses), whether the job shuts down, the stall reports
+            due now
         """
         return self.step_groups([((index,), message) for index, message in enumerate(messages)], now)
 
-    def step_groups(self, groups: Sequence[Tuple[Sequence[int], Message]], now: float
-                    ) -> Tuple[List[List[Response]], bool, List[StallReport]]:
+    def step_groups(self, groups: Sequence[Tuple[Sequence[int], Message]], now: float) -> Decision:
         """Absorb one cycle's messages given as (positions, message): every position listed sent that message,
         and each position appears once. Equal messages cost one pass, however many ranks sent them (the tree
         negotiation gathers them so).
@@ -125,7 +101,11 @@ class Coordinator:
         if self._joined and len(self._joined) == self.size:
             batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
             self._joined.clear()
-        return batches, shutdown, reports
+        return Decision(batches, shutdown, reports)
+
+    def set_fusion_threshold(self, fusion_threshold: int) -> None:
+        """Plan fusion up to ``fusion_threshold`` bytes from the next cycle on (autotune's choice)."""
+        self.fusion_threshold = fusion_threshold
 
     def _absorb(self, groups: Sequence[Tuple[Sequence[int], Message]], now: float) -> bool:
         """Note every rank's cache bits and requests; True when some rank asked to shut down."""
@@ -216,7 +196,7 @@ class Coordinator:
         for name in list(self._pending):
             got = self._pending.pop(name)
             self._first_seen.pop(name, None)
-            failed.extend(self._release(Response(OpType.ERROR, (name,), error=error), got))
+            failed.extend(self._release(validation.error(name, error), got))
         return failed
 
     def _plan_batches(self, ready: List[Tuple[Response, int]]) -> List[List[Response]]:
@@ -301,19 +281,6 @@ class Coordinator:
             self._last_stall_report = now
         return reports
 
-    # -- validation ------------------------------------------------------------------------------------------------
-
-    def _error(self, name: str, text: str) -> Response:
-        return Response(OpType.ERROR, (name,), error=text)
-
-    def _mismatch(self, name: str, op: int, field: str, got: Dict[int, Request], value) -> Optional[Response]:
-        values = {i: value(r) for i, r in got.items()}
-        if len(set(values.values())) <= 1:
-            return None
-        listing = ", ".join(f"rank {self.ranks[i]}: {values[i]}" for i in sorted(values))
-        return self._error(name, f"Mismatched {OP_NAMES.get(op, op)} {field} for tensor '{name}': {listing}. "
-                                 f"Every rank must submit the same {field} for a tensor name.")
-
     def _respond(self, name: str, got: Dict[int, Request]) -> Response:
         first = got[min(got)]
         op = first.op
@@ -324,41 +291,4 @@ class Coordinator:
             if first.group < 0:
                 self._agreed[name] = response
             return response
-        checks = [("operation", lambda r: OP_NAMES.get(r.op, r.op)), ("data type", lambda r: r.dtype)]
-        if op in (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER):
-            checks.append(("shape", lambda r: r.shape))
-        if op in (OpType.ALLGATHER, OpType.ALLTOALL):
-            checks.append(("rank (number of dimensions)", lambda r: len(r.shape)))
-            checks.append(("trailing dimensions", lambda r: r.shape[1:]))
-        if op in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
-            checks.append(("reduce op", lambda r: ReduceOp(r.reduce_op).name if r.reduce_op in ReduceOp._value2member_map_ else r.reduce_op))
-            checks.append(("prescale factor", lambda r: _scale(r.prescale)))
-            checks.append(("postscale factor", lambda r: _scale(r.postscale)))
-        if op == OpType.BROADCAST:
-            checks.append(("root rank", lambda r: r.root_rank))
-        if op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
-            checks.append(("process set", lambda r: r.payload))
-        for field, value in checks:
-            error = self._mismatch(name, op, field, got, value)
-            if error is not None:
-                return error
-        joined = [self.ranks[i] for i in self._joined if i not in got]
-        if joined and op in _JOIN_UNSUPPORTED:
-            return self._error(name, f"{OP_NAMES[op]} is not supported with Join at this time (tensor '{name}'; "
-                                     f"ranks {joined} have joined)")
-        if op == OpType.ALLGATHER:
-            dims = tuple(got[i].shape[0] if i in got else 0 for i in range(self.size))
-            return Response(op, (name,), first.dtype, (first.shape,), sizes=(dims,))
-        if op == OpType.ALLTOALL:
-            matrix = []
-            for i in range(self.size):
-                splits = got[i].splits
-                if splits is None or len(splits) != self.size or sum(splits) != got[i].shape[0] \
-                        or any(s < 0 for s in splits):
-                    return self._error(name, f"ALLTOALL splits of rank {self.ranks[i]} for tensor '{name}' are "
-                                             f"{splits}: need {self.size} non-negative values summing to the first "
-                                             f"dimension {got[i].shape[0]}")
-                matrix.append(tuple(splits))
-            return Response(op, (name,), first.dtype, (first.shape,), sizes=tuple(matrix))
-        return Response(op, (name,), first.dtype, (first.shape,), first.reduce_op, first.prescale, first.postscale,
-                        first.root_rank, payload=first.payload)
+        return validation.respond(name, got, self.ranks, self._joined)

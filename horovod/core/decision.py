@@ -1,0 +1,54 @@
+"""What one cycle of one process set passes between the parts: a rank's :class:`Message` goes into the
+coordinator, a :class:`Decision` comes out, and the engine executes it.
+
+The coordinator (:mod:`horovod.core.coordinator`) decides from the messages alone; a negotiation protocol
+(:mod:`horovod.core.negotiation`) carries the messages and returns the decision, with each batch's data where it
+came with the negotiation; the engine (:mod:`horovod.core.engine`) executes the batches in order, reports the
+stalls and ends the loop when the decision says the job shuts down. No part reads or writes another's attributes
+to learn what was decided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, NamedTuple, Sequence, Tuple
+
+from horovod.common.types import Request
+
+__all__ = ["FATAL_ERROR", "Message", "StallReport", "Decision"]
+
+FATAL_ERROR = 1   # ERROR response payload: raise HorovodInternalError, as Horovod shuts down on a stall
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One rank's contribution to a cycle: whether it asks the job to shut down, the cache bits of requests
+    identical to their last negotiated one, and its other requests in full."""
+
+    shutdown: bool
+    hits: Tuple[int, ...]
+    requests: Tuple[Request, ...]
+
+
+@dataclasses.dataclass
+class StallReport:
+    """Tensors waiting longer than the stall warning time, and the ranks (global) that have not sent them."""
+
+    name: str
+    missing_ranks: Tuple[int, ...]
+    waited: float
+
+
+class Decision(NamedTuple):
+    """What one process set's cycle decided, for the engine to execute.
+
+    ``batches`` run in order on every member (the coordinator's are lists of responses; a negotiation returns
+    :class:`horovod.core.negotiation.base.Batch` records, which may carry the data that came with it);
+    ``shutdown``: the job stops after this cycle; ``stalls``: the stall inspector's reports due now (non-empty only
+    where they are to be logged: on the set's first rank).
+    """
+
+    batches: List
+    shutdown: bool
+    stalls: Sequence[StallReport] = ()
+
