@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError, RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient
+from horovod.core.negotiation.frames import Records, receive
 from horovod.core.negotiation.tree import children, parent
 from horovod.transport.mesh import raise_descriptor_limit
 from horovod.transport.tcp import TcpTransport
@@ -123,7 +124,7 @@ def connect(config, topo, scope: str, abandoned: Optional[Callable[[], bool]] = 
     transport.patience.board = RankBoard(client, f"{scope}.waits")
     if by_tree:
         for child in children(rank, size):
-            transport.send_obj(child, ("records", texts))
+            transport.send_obj(child, Records(texts).encode())
     return transport
 
 
@@ -132,12 +133,11 @@ def _records_from_parent(transport: TcpTransport, deadline: float, abandoned: Op
     """Every rank's record, as this rank's parent in the tree hands them down (it dials us with them)."""
     up = parent(transport.rank)
     transport.await_dial(up, deadline, abandoned)
-    frame = transport.recv_obj(up)
-    if not (isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "records" and isinstance(frame[1], list)
-            and len(frame[1]) == transport.size and all(isinstance(text, str) for text in frame[1])):
-        raise HorovodInternalError(f"rank {transport.rank}: rank {up} sent no start-up records but "
-                                   f"{frame!r:.100}")
-    return frame[1]
+    texts = receive(transport, up, Records).texts
+    if len(texts) != transport.size:
+        raise HorovodInternalError(f"rank {transport.rank}: rank {up} sent {len(texts)} start-up records for a job "
+                                   f"of {transport.size}")
+    return texts
 
 
 class RankBoard:

@@ -13,15 +13,14 @@ import abc
 import logging
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence
 
-from horovod.common.exceptions import HorovodInternalError
-from horovod.common.types import Request, Response
-from horovod.core.decision import Decision, Message, StallReport
+from horovod.common.types import Response
+from horovod.core.decision import Decision, StallReport
 from horovod.core.set_state import IDLE, NEW, PENDING, SetState
 from horovod.core.waiters import Waiters, Wakeup
 from horovod.transport.base import Transport
 
-__all__ = ["POLL_SECONDS", "IDLE", "PENDING", "NEW", "Batch", "Loop", "Negotiation", "decode_message",
-           "report_stalls", "plain_batches"]
+__all__ = ["POLL_SECONDS", "IDLE", "PENDING", "NEW", "Batch", "Loop", "Negotiation", "report_stalls",
+           "plain_batches"]
 
 POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
 log = logging.getLogger("horovod")
@@ -92,22 +91,6 @@ class Negotiation(abc.ABC):
 
     def forget(self, set_id: int) -> None:
         """A process set was removed: drop whatever is held for it."""
-
-
-def decode_message(data) -> Message:
-    """A message from its wire form (a tuple of primitives).
-
-    Raises:
-        HorovodInternalError: the message is malformed.
-    """
-    if not (isinstance(data, tuple) and len(data) == 3 and isinstance(data[0], bool)
-            and isinstance(data[1], (list, tuple)) and all(isinstance(b, int) for b in data[1])
-            and isinstance(data[2], (list, tuple))):
-        raise HorovodInternalError(f"malformed negotiation message {data!r:.200}")
-    try:
-        return Message(data[0], tuple(data[1]), tuple(Request.from_wire(r) for r in data[2]))
-    except (ValueError, TypeError) as exc:
-        raise HorovodInternalError(f"malformed negotiation message: {exc}") from None
 
 
 def report_stalls(reports: Sequence[StallReport]) -> None:

@@ -28,8 +28,8 @@ from horovod.common.types import OpType, ReduceOp, Request, Response, nbytes, nu
 from horovod.core import fusion
 from horovod.core.negotiation.base import Batch
 
-__all__ = ["INLINE_TENSOR_BYTES", "INLINE_FRAME_BYTES", "RELAYED_REPLY_BYTES", "eligible", "collect", "checked",
-           "relayed_budget", "checked_contributions", "HeldData", "allreduce_contributions"]
+__all__ = ["INLINE_TENSOR_BYTES", "INLINE_FRAME_BYTES", "RELAYED_REPLY_BYTES", "eligible", "collect",
+           "relayed_budget", "HeldData", "allreduce_contributions"]
 
 INLINE_TENSOR_BYTES = 1024          # the largest allreduce whose data travels with the negotiation
 INLINE_FRAME_BYTES = 16 * 1024      # ... and the most such data in one frame
@@ -55,17 +55,6 @@ def collect(requests: Sequence[Request], entries, budget: int) -> Tuple[Dict[str
     return data, budget
 
 
-def checked(data, rank: int) -> Dict[str, bytes]:
-    """``data`` from ``rank``'s frame, validated.
-
-    Raises:
-        HorovodInternalError: it is not a map of names to bytes.
-    """
-    if not (isinstance(data, dict) and all(isinstance(k, str) and isinstance(v, bytes) for k, v in data.items())):
-        raise HorovodInternalError(f"malformed tensor data in rank {rank}'s negotiation frame")
-    return data
-
-
 def relayed_budget(size: int) -> int:
     """Bytes of allreduce data a rank's message may carry under star negotiation: rank 0 folds nothing for the
     others but sends every member's contributions back in its reply (every rank then folds alike, as under peer
@@ -74,19 +63,6 @@ def relayed_budget(size: int) -> int:
 
 
 RELAYED_REPLY_BYTES = 64 * 1024
-
-
-def checked_contributions(contributions, batches: int, size: int) -> List[Optional[List[bytes]]]:
-    """A reply's contributions (per batch: None, or every member's input), validated.
-
-    Raises:
-        HorovodInternalError: they do not match the reply's ``batches`` and a set of ``size`` members.
-    """
-    if not (isinstance(contributions, list) and len(contributions) == batches and all(
-            c is None or isinstance(c, list) and len(c) == size and all(isinstance(b, bytes) for b in c)
-            for c in contributions)):
-        raise HorovodInternalError(f"malformed tensor data in a negotiation reply {contributions!r:.200}")
-    return contributions
 
 
 class HeldData:

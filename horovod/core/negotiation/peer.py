@@ -14,11 +14,11 @@ import logging
 import time
 from typing import Dict, List, Optional, Tuple
 
-from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
 from horovod.core.decision import Decision, Message
 from horovod.core.negotiation import inline
-from horovod.core.negotiation.base import POLL_SECONDS, Loop, Negotiation, decode_message
+from horovod.core.negotiation.base import POLL_SECONDS, Loop, Negotiation
+from horovod.core.negotiation.frames import Msg, Peer, receive
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState
 
@@ -28,20 +28,11 @@ _EMPTY_MESSAGE = Message(False, (), ())
 log = logging.getLogger("horovod")
 
 
-def _is_peer_frame(frame) -> bool:
-    """("p", the sender's clock, {set id: message}): one rank's messages for one cycle."""
-    return isinstance(frame, tuple) and len(frame) == 3 and frame[0] == "p" and isinstance(frame[1], float) \
-        and isinstance(frame[2], dict)
-
-
-def _is_urgent(frame, member_sets) -> bool:
+def _is_urgent(frame: Peer, member_sets) -> bool:
     """A peer frame that needs an answer even from a rank with nothing pending: shutdown, a join, or requests for a
     process set this rank is not in (it cannot submit there, and that set's cycle waits for its frame)."""
-    try:
-        return any(set_id not in member_sets or message[0] or any(r[1] == OpType.JOIN for r in message[2])
-                   for set_id, message in frame[2].items())
-    except (TypeError, IndexError, AttributeError):
-        return True     # malformed: the cycle decodes it and reports the error
+    return any(set_id not in member_sets or msg.shutdown or any(r.op == OpType.JOIN for r in msg.requests)
+               for set_id, msg in frame.messages.items())
 
 
 class PeerNegotiation(Negotiation):
@@ -60,9 +51,9 @@ class PeerNegotiation(Negotiation):
     def __init__(self, loop: Loop):
         super().__init__(loop)
         self._peers: Dict[int, int] = {}                # connection fd -> rank
-        self._inbox: Dict[int, tuple] = {}              # each peer's frame for the coming cycle
+        self._inbox: Dict[int, Peer] = {}               # each peer's frame for the coming cycle
         self._inbox_since: Optional[float] = None
-        self._frames: Dict[int, tuple] = {}             # ... and for the cycle that runs
+        self._frames: Dict[int, Peer] = {}              # ... and for the cycle that runs
         self._own: Dict[int, Message] = {}              # what this rank sent for it, by set id
         self._own_clock = 0.0
         self._queued_since: Optional[float] = None      # when this rank's queues became non-empty
@@ -137,11 +128,7 @@ class PeerNegotiation(Negotiation):
             peer = self._peers[fd]
             if peer in self._inbox:
                 continue    # read by a caller that ran the loop meanwhile (the list was made before)
-            frame = loop.transport.recv_obj(peer)
-            if not _is_peer_frame(frame):
-                raise HorovodInternalError(f"rank {loop.rank} expected rank {peer}'s negotiation frame, got "
-                                           f"{frame!r:.100} (is HOROVOD_NEGOTIATION the same on every rank?)")
-            self._inbox[peer] = frame
+            self._inbox[peer] = receive(loop.transport, peer, Peer)
             if self._inbox_since is None:
                 self._inbox_since = time.monotonic()
 
@@ -174,7 +161,7 @@ class PeerNegotiation(Negotiation):
         """Send this rank's messages for the next cycle to every peer, with the data of small allreduces."""
         loop = self.loop
         own: Dict[int, Message] = {}
-        wire: Dict[int, tuple] = {}
+        msgs: Dict[int, Msg] = {}
         budget = inline.INLINE_FRAME_BYTES
         for set_id, state in loop.sets.items():
             if state.index < 0:
@@ -186,11 +173,11 @@ class PeerNegotiation(Negotiation):
             hits, full = split_hits(state.cache, state.last_requests, requests)
             shutdown = loop.shutting_down() if set_id == 0 else False
             if shutdown or hits or full:
-                own[set_id] = Message(shutdown, tuple(hits), tuple(full))
-                wire[set_id] = (shutdown, hits, [r.to_wire() for r in full], data)
+                msgs[set_id] = msg = Msg(shutdown, tuple(hits), tuple(full), data)
+                own[set_id] = msg.message
             if data:
                 self.held.hold(set_id, state.index, data)
-        frame = ("p", now, wire)
+        frame = Peer(now, msgs).encode()
         for peer in self._peers.values():
             loop.transport.send_obj(peer, frame)
         self._own, self._own_clock = own, now
@@ -220,11 +207,9 @@ class PeerNegotiation(Negotiation):
     def _message(self, state: SetState, position: int, rank: int) -> Tuple[Message, float]:
         """The message of the member at ``position`` (global ``rank``) and its clock; its data is held."""
         frame = self._frames[rank]
-        data = frame[2].get(state.id)
-        if data is None:
-            return _EMPTY_MESSAGE, frame[1]
-        if not (isinstance(data, tuple) and len(data) in (3, 4)):
-            raise HorovodInternalError(f"malformed negotiation message {data!r:.200} from rank {rank}")
-        if len(data) > 3 and data[3]:
-            self.held.hold(state.id, position, inline.checked(data[3], rank))
-        return decode_message(data[:3]), frame[1]
+        msg = frame.messages.get(state.id)
+        if msg is None:
+            return _EMPTY_MESSAGE, frame.clock
+        if msg.data:
+            self.held.hold(state.id, position, msg.data)
+        return msg.message, frame.clock

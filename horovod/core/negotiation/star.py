@@ -14,71 +14,63 @@ import time
 from typing import Dict, List, Optional, Set, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.types import OpType, Response
+from horovod.common.types import OpType
 from horovod.core.decision import Decision, Message
 from horovod.core.negotiation import inline
-from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation, decode_message
+from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation
+from horovod.core.negotiation.frames import GO, WANT_NOW, Go, Msg, Reply, Want, receive
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState
 
 log = logging.getLogger("horovod")
 
-__all__ = ["StarNegotiation", "StarRoot", "StarFollower", "GO", "ANNOUNCED_POLL_SECONDS", "decode_reply"]
+__all__ = ["StarNegotiation", "StarRoot", "StarFollower", "ANNOUNCED_POLL_SECONDS", "decode_reply",
+           "message_and_data"]
 
-GO = ("go",)
 ANNOUNCED_POLL_SECONDS = 0.01   # rank 0 looks again this often while a follower's early message waits for a cycle
+_WANT_WIRE = Want(WANT_NOW).encode()
+_GO_WIRE = GO.encode()
+_GO_ONLY = (Go,)
+_GO_OR_REPLY = (Go, Reply)
 
 
-def _is_early_message(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "msg"
-
-
-def _is_reply(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) in (2, 3) and isinstance(frame[1], list)
-
-
-def _is_want(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and frame[1] == NEW
-
-
-def _encode(response: Response, bit: Optional[int]):
-    return response.to_wire() if bit is None else bit
-
-
-def decode_reply(state: SetState, reply) -> Decision:
-    """A coordinator's reply (``(shutdown, batches)``, cached responses as bits) as the batches to execute.
+def decode_reply(state: SetState, reply: Reply, sender: int) -> Decision:
+    """A coordinator's reply as the batches to execute (cached responses looked up by their bits).
 
     Raises:
-        HorovodInternalError: the reply is malformed or names a bit this rank's cache does not hold.
+        HorovodInternalError: the reply names a bit this rank's cache does not hold, or carries contributions
+            for another number of members than the set has.
     """
-    if not _is_reply(reply):
-        raise HorovodInternalError(f"malformed negotiation reply {reply!r:.200}")
+    cache = state.cache
     try:
-        batches = [[state.cache.response(r) if isinstance(r, int) else Response.from_wire(r) for r in batch]
-                   for batch in reply[1]]
-    except (KeyError, ValueError, TypeError) as exc:
-        raise HorovodInternalError(f"undecodable negotiation reply: {exc}") from None
-    contributions = inline.checked_contributions(reply[2], len(batches), len(state.ranks)) if len(reply) == 3 \
-        else [None] * len(batches)
-    return Decision([Batch(batch, c) for batch, c in zip(batches, contributions)], bool(reply[0]))
+        batches = [[cache.response(r) if type(r) is int else r for r in batch] for batch in reply.batches]
+    except KeyError as exc:
+        raise HorovodInternalError(f"rank {sender}'s negotiation reply names a response this rank's cache does "
+                                   f"not hold: {exc}") from None
+    contributions = reply.contributions
+    if contributions is None:
+        return Decision([Batch(batch) for batch in batches], reply.stop)
+    size = len(state.ranks)
+    for inputs in contributions:
+        if inputs is not None and len(inputs) != size:
+            raise HorovodInternalError(f"rank {sender}'s negotiation reply carries tensor data of {len(inputs)} "
+                                       f"members for a set of {size}")
+    return Decision([Batch(batch, c) for batch, c in zip(batches, contributions)], reply.stop)
 
 
-def _message(state: SetState, shutdown: bool) -> tuple:
-    """This rank's message for ``state`` to its coordinator, with the global set's small allreduces' data."""
-    message, data = message_and_data(state, shutdown, state.id == 0)
-    return message + (data,) if data else message
-
-
-def message_and_data(state: SetState, shutdown: bool, relay: bool) -> Tuple[tuple, Dict[str, bytes]]:
+def message_and_data(state: SetState, shutdown: bool, relay: bool) -> Msg:
     """This rank's message for ``state`` (cached requests as bits) and, with ``relay``, its small allreduces' data."""
     requests = state.drain()
     hits, full = split_hits(state.cache, state.last_requests, requests)
-    message = (shutdown, hits, [r.to_wire() for r in full])
-    return message, _relayed(state, requests) if relay else {}
+    return Msg(shutdown, tuple(hits), tuple(full), _relayed(state, requests) if relay else {})
 
 
 def _relayed(state: SetState, requests) -> Dict[str, bytes]:  # the data of ``requests`` a star message may carry
     return inline.collect(requests, state.entries, inline.relayed_budget(len(state.ranks)))[0]
+
+
+def _bit_or_response(response, bit: Optional[int]):
+    return response if bit is None else bit
 
 
 class StarNegotiation(Negotiation):
@@ -99,10 +91,10 @@ class StarNegotiation(Negotiation):
         transport = self.loop.transport
         coordinator = state.ranks[0]
         if not sent:
-            transport.send_obj(coordinator, _message(state, shutdown))
+            transport.send_obj(coordinator, message_and_data(state, shutdown, state.id == 0).encode())
         if reply is None:
-            reply = transport.recv_obj(coordinator)
-        return decode_reply(state, reply)
+            reply = receive(transport, coordinator, Reply)
+        return decode_reply(state, reply, coordinator)
 
     def _coordinate(self, state: SetState, shutdown: bool) -> Decision:
         requests = state.drain()
@@ -111,46 +103,45 @@ class StarNegotiation(Negotiation):
         if state.id == 0:    # rank 0's own small allreduces' data, held with the others'
             self.held.hold(0, 0, _relayed(state, requests))
         for position, peer in enumerate(state.ranks[1:], 1):
-            messages.append(decode_message(self._hold(state, position, self._recv_message(state, peer))))
+            messages.append(self._hold(state, position, self._recv_message(state, peer)))
         batches, stop, reports = state.coordinator.step(messages, time.monotonic())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (star) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
         decided, reply = self._reply_with_data(state, stop, batches)
+        wire = reply.encode()
         for peer in state.ranks[1:]:
-            self.loop.transport.send_obj(peer, reply)
+            self.loop.transport.send_obj(peer, wire)
         return Decision(decided, stop, reports)
 
-    def _reply_with_data(self, state: SetState, stop: bool, batches) -> Tuple[List[Batch], tuple]:
+    def _reply_with_data(self, state: SetState, stop: bool, batches) -> Tuple[List[Batch], Reply]:
         """The decided batches, those whose every member's data is held split off to be folded, and the reply that
         tells the others (cached responses as bits, the contributions of the folded batches)."""
         decided = self.held.batches(state.id, len(state.ranks), batches)
         cached_bit = state.cache.cached_bit
-        encoded = [[_encode(r, cached_bit(r)) for r in batch.responses] for batch in decided]
+        items = [[_bit_or_response(r, cached_bit(r)) for r in batch.responses] for batch in decided]
         contributions = [batch.contributions for batch in decided]
-        return decided, (stop, encoded, contributions) if any(contributions) else (stop, encoded)
+        return decided, Reply(stop, items, contributions if any(contributions) else None)
 
-    def _hold(self, state: SetState, position: int, message):
-        """``message`` without the allreduce data it carries, which is held for folding (global set only)."""
-        if not (isinstance(message, tuple) and len(message) == 4 and state.id == 0):
-            return message
-        self.held.hold(state.id, position, inline.checked(message[3], state.ranks[position]))
-        return message[:3]
+    def _hold(self, state: SetState, position: int, msg: Msg) -> Message:
+        """``msg``'s message; the allreduce data it carries is held for folding (global set only)."""
+        if msg.data and state.id == 0:
+            self.held.hold(state.id, position, msg.data)
+        return msg.message
 
     def forget(self, set_id: int) -> None:
+        """Drop the data held for a removed set."""
         self.held.forget(set_id)
 
-    def _recv_message(self, state: SetState, peer: int):
+    def _recv_message(self, state: SetState, peer: int) -> Msg:
         """The next negotiation message from ``peer``, skipping cycle requests that this cycle already answers."""
         while True:
-            frame = self.loop.transport.recv_obj(peer)
-            if _is_early_message(frame):
-                return frame[1]
-            if not _is_want(frame):
+            frame = receive(self.loop.transport, peer, Msg, Want)
+            if type(frame) is Msg:
                 return frame
 
-    def _answered(self, state: SetState) -> Tuple[bool, Optional[tuple]]:
+    def _answered(self, state: SetState) -> Tuple[bool, Optional[Reply]]:
         """Whether this rank's message for ``state`` went out before the cycle (its early message), and the reply
         that came with the cycle start, if one did."""
         return False, None
@@ -162,7 +153,7 @@ class StarRoot(StarNegotiation):
     def __init__(self, loop: Loop):
         super().__init__(loop)
         self._followers: Dict[int, int] = {}        # connection fd -> rank
-        self._early: Dict[int, tuple] = {}          # followers' global-set messages, by rank, until the cycle
+        self._early: Dict[int, Msg] = {}            # followers' global-set messages, by rank, until the cycle
         self._early_names: Dict[int, Set[str]] = {}  # the names each early message announces, until the cycle
         self._early_urgent = False                  # an early message carries a join or shutdown
         self._wanted = IDLE                         # the most urgent cycle request read from a follower
@@ -190,7 +181,7 @@ class StarRoot(StarNegotiation):
         for peer in range(1, loop.size):
             # A rank whose message is here learns of the cycle from the reply itself: one frame and wake-up less.
             if peer not in self._early:
-                loop.transport.send_obj(peer, GO)
+                loop.transport.send_obj(peer, _GO_WIRE)
         self._wanted = IDLE
         self._early_names.clear()
         self._early_urgent = False
@@ -266,29 +257,27 @@ class StarRoot(StarNegotiation):
 
     def _expect_want(self, peer: int) -> int:
         """Read what an idle rank sent: a cycle request, or its global-set message for the next cycle."""
-        frame = self.loop.transport.recv_obj(peer)
-        if _is_early_message(frame):
+        frame = receive(self.loop.transport, peer, Msg, Want)
+        if type(frame) is Msg:
             if peer in self._early:
                 raise HorovodInternalError(f"rank {peer} sent two messages for one cycle")
-            self._early[peer] = frame[1]
-            self._announce(peer, frame[1])
+            self._early[peer] = frame
+            self._announce(peer, frame)
             return IDLE
-        if not _is_want(frame):
-            raise HorovodInternalError(f"rank 0 expected a cycle request from rank {peer}, got {frame!r:.100}")
-        return frame[1]
+        return NEW
 
-    def _announce(self, peer: int, message) -> None:
+    def _announce(self, peer: int, message: Msg) -> None:
         """Note the names a follower's early message carries, for :meth:`_cycle_is_useful`."""
+        cache = self.loop.sets[0].cache
         try:
-            shutdown, hits, requests = message[:3]
-            cache = self.loop.sets[0].cache
-            names = {cache.name(bit) for bit in hits}
-            names.update(r[0] for r in requests)
-            urgent = bool(shutdown) or any(r[1] == OpType.JOIN for r in requests)
-        except (TypeError, ValueError, KeyError, IndexError):
-            urgent, names = True, set()     # malformed: the cycle decodes it and reports the error
+            names = {cache.name(bit) for bit in message.hits}
+        except KeyError:
+            names = set()
+            self._early_urgent = True   # a bit this cache lacks: the cycle reports it (Coordinator.step)
+        names.update(r.name for r in message.requests)
         self._early_names[peer] = names
-        self._early_urgent = self._early_urgent or urgent
+        self._early_urgent = self._early_urgent or message.shutdown or any(
+            r.op == OpType.JOIN for r in message.requests)
 
 
 class StarFollower(StarNegotiation):
@@ -297,7 +286,7 @@ class StarFollower(StarNegotiation):
     def __init__(self, loop: Loop):
         super().__init__(loop)
         self._coordinator_fd: Optional[int] = None
-        self._reply: Optional[tuple] = None         # the global set's reply that started this cycle
+        self._reply: Optional[Reply] = None         # the global set's reply that started this cycle
         self._asked = IDLE                          # what this rank asked rank 0 for since the last cycle
         self._asked_at: Optional[float] = None      # when this rank began waiting for rank 0 to start a cycle
         self._told = 0                              # how often that wait was reported to the transport
@@ -328,7 +317,7 @@ class StarFollower(StarNegotiation):
                     timeout = self._present(time.monotonic())
                 elif self._asked != NEW:
                     # Work rank 0 cannot see (another set, shutdown): a cycle now.
-                    loop.transport.send_obj(0, ("want", NEW))
+                    loop.transport.send_obj(0, _WANT_WIRE)
                     self._asked = NEW
             timeout = self._patience(timeout)
             readable = loop.select([loop.wake.reader, coordinator_fd], timeout)
@@ -338,12 +327,10 @@ class StarFollower(StarNegotiation):
                 if self._told:
                     loop.transport.resumed()
                 self._asked_at, self._told = None, 0
-                frame = loop.transport.recv_obj(0)
-                if frame != GO:
-                    if not (self.presented and _is_reply(frame)):
-                        raise HorovodInternalError(f"rank {loop.rank} expected a cycle start from rank 0, got "
-                                                   f"{frame!r:.100}")
-                    self._reply = frame      # the answer to the message we presented: the cycle has started
+                # The reply to the message we presented starts the cycle too.
+                frame = receive(loop.transport, 0, *(_GO_OR_REPLY if self.presented else _GO_ONLY))
+                if type(frame) is Reply:
+                    self._reply = frame
                 self._asked = IDLE
                 return
 
@@ -383,13 +370,13 @@ class StarFollower(StarNegotiation):
             self._queued_since = now
         timeout = self._queued_since + loop.batch_spacing() - now
         if loop.waiters.blocked > 0 or loop.waiters.latency_bound() or timeout <= 0:
-            loop.transport.send_obj(0, ("msg", _message(loop.sets[0], loop.shutting_down())))
+            loop.transport.send_obj(0, message_and_data(loop.sets[0], loop.shutting_down(), True).encode())
             self.presented = True
             self._queued_since = None
             return None
         return timeout
 
-    def _answered(self, state: SetState) -> Tuple[bool, Optional[tuple]]:
+    def _answered(self, state: SetState) -> Tuple[bool, Optional[Reply]]:
         if state.id == 0 and self.presented:
             self.presented = False          # this cycle answers the message we sent while idle
             reply, self._reply = self._reply, None

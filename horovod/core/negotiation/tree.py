@@ -33,24 +33,25 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.core.decision import Decision
-from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop, decode_message
-from horovod.core.negotiation import inline
-from horovod.core.negotiation.star import StarNegotiation, _is_reply, decode_reply, message_and_data
+from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop
+from horovod.core.decision import Message
+from horovod.core.negotiation.frames import GO, WANT_EVERY, WANT_NEW, WANT_NOW, Go, Reply, Up, Want, receive
+from horovod.core.negotiation.star import StarNegotiation, decode_reply, message_and_data
 from horovod.core.set_state import SetState
 
 log = logging.getLogger("horovod")
 
 __all__ = ["WANT_NEW", "WANT_EVERY", "WANT_NOW", "GO", "parent", "children", "TreeNegotiation"]
 
-WANT_NEW = 1            # some rank of the subtree has had requests to negotiate for a poll interval
-WANT_EVERY = 2          # every rank of the subtree has requests to negotiate (or waits for a result)
-WANT_NOW = 4            # some rank of the subtree needs a cycle at once (another set's requests, shutdown)
-GO = ("go",)
-Groups = List[Tuple[List[int], tuple]]
+Groups = List[Tuple[List[int], Message]]
+_GO_WIRE = GO.encode()
+_GO_ONLY = (Go,)
+_GO_OR_REPLY = (Go, Reply)
+_UP_OR_WANT = (Up, Want)
 
 
 def parent(rank: int) -> int:
@@ -63,38 +64,9 @@ def children(rank: int, size: int) -> List[int]:
     return [child for child in (2 * rank + 1, 2 * rank + 2) if child < size]
 
 
-def _is_want(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) == 2 and frame[0] == "want" and isinstance(frame[1], int)
-
-
-def _is_up(frame) -> bool:
-    return isinstance(frame, tuple) and len(frame) in (2, 3) and frame[0] == "up" and isinstance(frame[1], list)
-
-
-def _up(frame) -> Tuple[list, list]:
-    """An up frame's groups and the small allreduces' data of its subtree (``[[rank, {name: bytes}], ...]``)."""
-    datas = frame[2] if len(frame) == 3 else []
-    if not (isinstance(datas, list) and all(isinstance(d, (list, tuple)) and len(d) == 2 and isinstance(d[0], int)
-                                            for d in datas)):
-        raise HorovodInternalError(f"malformed tensor data in a negotiation message {datas!r:.200}")
-    return frame[1], datas
-
-
-def _up_frame(groups: Groups, datas: list) -> tuple:
-    return ("up", groups, datas) if datas else ("up", groups)
-
-
-def merge(groups: Groups, more: Sequence) -> None:
-    """Add a child's groups to ``groups``, listing ranks that sent equal messages together.
-
-    Raises:
-        HorovodInternalError: the groups are malformed.
-    """
-    for item in more:
-        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], list)
-                and all(isinstance(r, int) for r in item[0])):
-            raise HorovodInternalError(f"malformed negotiation group {item!r:.200}")
-        ranks, message = item
+def merge(groups: Groups, more: Groups) -> None:
+    """Add a child's groups to ``groups``, listing ranks that sent equal messages together."""
+    for ranks, message in more:
         for existing in groups:
             if existing[1] == message:
                 existing[0].extend(ranks)
@@ -115,9 +87,9 @@ class TreeNegotiation(StarNegotiation):
         self._child_fds: Dict[int, int] = {}
         self._parent_fd: Optional[int] = None
         self._heard: Dict[int, int] = {}          # WANT_* bits each child sent since the last cycle
-        self._early: Dict[int, list] = {}         # children's subtree messages that came before the cycle
+        self._early: Dict[int, Up] = {}           # children's subtree messages that came before the cycle
         self._told = 0                            # WANT_* bits this rank sent its parent since the last cycle
-        self._reply: Optional[tuple] = None       # the reply that started the cycle for a rank that presented
+        self._reply: Optional[Reply] = None       # the reply that started the cycle for a rank that presented
         self._new_since: Optional[float] = None   # when this rank (rank 0: the job) had requests, this cycle
         self._every_since: Optional[float] = None  # (rank 0) when every rank had requests, this cycle
         self._last_start = float("-inf")
@@ -183,7 +155,7 @@ class TreeNegotiation(StarNegotiation):
         if not self.presented:
             for child in self._children:
                 if child not in self._early:
-                    self._send(child, GO)
+                    self._send(child, _GO_WIRE)
         self._heard.clear()
         self._told = 0
         self._new_since = self._every_since = None
@@ -220,13 +192,13 @@ class TreeNegotiation(StarNegotiation):
         if not self.presented:
             if self._all_wait():
                 groups, datas = self._subtree(self.loop.sets[0], self.loop.shutting_down())
-                self._send(self._parent, _up_frame(groups, datas))
+                self._send(self._parent, Up(groups, datas).encode())
                 self.presented = True
             else:
                 now = time.monotonic()
                 bits = self._wants(now)
                 if bits & ~self._told:
-                    self._send(self._parent, ("want", bits))
+                    self._send(self._parent, Want(bits).encode())
                     self._told |= bits
                 if self._new_since is not None and not self._told & WANT_NEW:
                     timeout = max(0.0, self._new_since + POLL_SECONDS - now)
@@ -244,23 +216,17 @@ class TreeNegotiation(StarNegotiation):
         for fd in readable:
             child = self._child_fds.get(fd)
             if child is not None and child not in self._early:
-                frame = self._recv(child)
-                if _is_up(frame):
-                    self._early[child] = _up(frame)
-                elif _is_want(frame):
-                    self._heard[child] = self._heard.get(child, 0) | frame[1]
+                frame = self._recv(child, *_UP_OR_WANT)
+                if type(frame) is Up:
+                    self._early[child] = frame
                 else:
-                    raise HorovodInternalError(f"rank {loop.rank} expected a cycle request from rank {child}, got "
-                                               f"{frame!r:.100}")
+                    self._heard[child] = self._heard.get(child, 0) | frame.bits
         if parent and self._parent_fd in readable:
-            frame = self._recv(self._parent)
-            if frame == GO:
-                return True
-            if self.presented and _is_reply(frame):
-                self._reply = frame     # the answer to the message we presented: the cycle has started
-                return True
-            raise HorovodInternalError(f"rank {loop.rank} expected a cycle start from rank {self._parent}, got "
-                                       f"{frame!r:.100}")
+            # The reply to the message we presented starts the cycle too.
+            frame = self._recv(self._parent, *(_GO_OR_REPLY if self.presented else _GO_ONLY))
+            if type(frame) is Reply:
+                self._reply = frame
+            return True
         return False
 
     # -- one cycle -----------------------------------------------------------------------------------------------
@@ -277,64 +243,61 @@ class TreeNegotiation(StarNegotiation):
             if self._parent is None:
                 self._early.clear()
                 return self._decide(state, groups, datas)
-            self._send(self._parent, _up_frame(groups, datas))
+            self._send(self._parent, Up(groups, datas).encode())
             reply = None
         self._early.clear()
         if reply is None:
-            reply = self._recv(self._parent)
-        decided = decode_reply(state, reply)      # checked before it is passed on
-        for child in self._children:
-            self._send(child, reply)
+            reply = self._recv(self._parent, Reply)
+        decided = decode_reply(state, reply, self._parent)      # checked before it is passed on
+        if self._children:
+            wire = reply.encode()
+            for child in self._children:
+                self._send(child, wire)
         return decided
 
     def _subtree(self, state: SetState, shutdown: bool) -> Tuple[Groups, list]:
         """This rank's message merged with its children's (in the cycle: read now if not in before), and the
         small allreduces' data of the whole subtree."""
-        message, data = message_and_data(state, shutdown, relay=True)
-        groups: Groups = [([self.loop.rank], message)]
-        datas = [[self.loop.rank, data]] if data else []
+        msg = message_and_data(state, shutdown, relay=True)
+        groups: Groups = [([self.loop.rank], msg.message)]
+        datas = [(self.loop.rank, msg.data)] if msg.data else []
         for child in self._children:
-            early = self._early.get(child)
-            child_groups, child_datas = early if early is not None else self._child_groups(child)
-            merge(groups, child_groups)
-            datas.extend(child_datas)
+            up = self._early.get(child)
+            if up is None:
+                up = self._child_groups(child)
+            merge(groups, up.groups)
+            datas.extend(up.datas)
         return groups, datas
 
-    def _child_groups(self, child: int) -> Tuple[list, list]:
+    def _child_groups(self, child: int) -> Up:
         """A child's subtree message and data, skipping cycle requests it sent before it saw the cycle start."""
         while True:
-            frame = self._recv(child)
-            if _is_up(frame):
-                return _up(frame)
-            if not _is_want(frame):
-                raise HorovodInternalError(f"rank {self.loop.rank} expected the negotiation message of rank {child}, "
-                                           f"got {frame!r:.100}")
+            frame = self._recv(child, *_UP_OR_WANT)
+            if type(frame) is Up:
+                return frame
 
     def _decide(self, state: SetState, groups: Groups, datas: list) -> Decision:
         for rank, data in datas:
             if 0 <= rank < self.loop.size:
-                self.held.hold(state.id, rank, inline.checked(data, rank))
-        decoded = []
-        seen = 0
-        for ranks, message in groups:
-            decoded.append((ranks, decode_message(message)))
-            seen += len(ranks)
+                self.held.hold(state.id, rank, data)
+        seen = sum(len(ranks) for ranks, _ in groups)
         if seen != self.loop.size or len({r for ranks, _ in groups for r in ranks}) != self.loop.size:
             raise HorovodInternalError(f"rank 0 gathered negotiation messages for {seen} ranks of {self.loop.size}")
-        batches, stop, reports = state.coordinator.step_groups(decoded, time.monotonic())
+        batches, stop, reports = state.coordinator.step_groups(groups, time.monotonic())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (tree): %s", [n for b in batches for r in b for n in r.names])
         if self.loop.timeline is not None:
             self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
         decided, reply = self._reply_with_data(state, stop, batches)
+        wire = reply.encode()
         for child in self._children:
-            self._send(child, reply)
+            self._send(child, wire)
         return Decision(decided, stop, reports)
 
     def _send(self, peer: int, frame) -> None:
         self.frames += 1
         self.loop.transport.send_obj(peer, frame)
 
-    def _recv(self, peer: int):
+    def _recv(self, peer: int, *allowed: type):
         self.frames += 1
-        return self.loop.transport.recv_obj(peer)
+        return receive(self.loop.transport, peer, *allowed)

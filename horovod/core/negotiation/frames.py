@@ -1,0 +1,338 @@
+"""Every control frame the engine sends between ranks, as a named record: the one file that writes and reads them.
+
+A frame travels as a plain tuple ``(kind, field, ...)``, which the control codec (:mod:`horovod.transport.wire`)
+carries as plain data only. :func:`decode` is the only reader: it checks the kind, the number of fields and every
+field's type, and anything else becomes :class:`HorovodInternalError` naming what arrived and from which rank.
+Decoding is on the path of every small allreduce, so the checks are plain loops
+(``tests/test_frames.py`` keeps them complete). Whether a frame makes sense *here* (a bit this rank's cache holds, a rank inside the job, as many contributions as
+the set has members) is the receiving protocol's to check, with what only it knows.
+
+The frames, by kind (``Frame`` is their union, :data:`FRAMES` the list):
+
+- ``go`` (:class:`Go`, no fields): the cycle starts. Star: rank 0 to a follower whose message is not in; tree: a
+  parent to such a child.
+- ``want`` (:class:`Want`: ``bits``, WANT_* flags): a cycle is wanted. Star: a follower to rank 0 (always
+  ``WANT_NOW``); tree: a child to its parent, at most once per flag and cycle.
+- ``msg`` (:class:`Msg`: ``shutdown``, ``hits`` = cache bits of requests the receiver knows, ``requests`` in full,
+  ``data`` = small allreduces' inputs by name): star, a member to its set's first rank, early (global set, before
+  the cycle) or in the cycle.
+- ``reply`` (:class:`Reply`: ``stop``, ``batches`` of responses with a cached one as its bit, ``contributions`` =
+  per batch None or every member's input): star, a set's first rank to every member; tree, a parent to its
+  children. It starts the cycle for a rank whose message was already in.
+- ``up`` (:class:`Up`: ``groups`` = the ranks that sent one message and that message, ``datas`` = (rank, data)):
+  tree, a child to its parent, with its whole subtree's messages for the global set.
+- ``peer`` (:class:`Peer`: ``clock``, ``messages`` = set id -> a ``msg``'s fields): peer, every rank to every other
+  rank, once a cycle.
+- ``records`` (:class:`Records`: ``texts``, every rank's start-up record): start-up of a large job, a parent to its
+  children (:mod:`horovod.core.bootstrap`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import Request, Response
+from horovod.core.decision import Message
+
+__all__ = ["WANT_NEW", "WANT_EVERY", "WANT_NOW", "Go", "Want", "Msg", "Reply", "Up", "Peer", "Records", "GO",
+           "FRAMES", "Frame", "decode", "receive", "decode_body"]
+
+WANT_NEW = 1            # tree: some rank of the subtree has had requests to negotiate for a poll interval
+WANT_EVERY = 2          # tree: every rank of the subtree has requests to negotiate (or waits for a result)
+WANT_NOW = 4            # some rank needs a cycle at once (another set's requests, a join, shutdown)
+_WANT_ALL = WANT_NEW | WANT_EVERY | WANT_NOW
+
+Data = Dict[str, bytes]             # small allreduces' inputs, by tensor name
+Group = Tuple[List[int], Message]   # the ranks that sent one message, and the message
+
+
+class _Malformed(ValueError):
+    """A field of a frame has the wrong type (turned into HorovodInternalError by :func:`decode`)."""
+
+
+def _data(value) -> Data:
+    if type(value) is not dict:
+        raise _Malformed("tensor data is not a map of names to bytes")
+    for name, data in value.items():
+        if type(name) is not str or type(data) is not bytes:
+            raise _Malformed("tensor data is not a map of names to bytes")
+    return value
+
+
+def _ints(value, what: str) -> Tuple[int, ...]:
+    if type(value) is not tuple:
+        if type(value) is not list:
+            raise _Malformed(f"{what} are not a list")
+        value = tuple(value)
+    for item in value:
+        if type(item) is not int:
+            raise _Malformed(f"{what} are not integers")
+    return value
+
+
+def _requests(requests) -> Tuple[Request, ...]:
+    if type(requests) is not list and type(requests) is not tuple:
+        raise _Malformed("requests are not a list")
+    return tuple([Request.from_wire(r) for r in requests]) if requests else ()
+
+
+def _message_wire(message: Message) -> tuple:
+    return (message.shutdown, message.hits, [r.to_wire() for r in message.requests])
+
+
+class Go(NamedTuple):
+    """The cycle starts (star: rank 0 to a follower whose message is not in; tree: a parent to such a child)."""
+
+    KIND = "go"
+    ARITY = 0    # fields on the wire, after the kind
+
+    def encode(self) -> tuple:
+        """The frame as plain data."""
+        return _GO_WIRE
+
+    @staticmethod
+    def from_fields(fields: tuple) -> "Go":
+        """The record from its fields (after the kind)."""
+        return GO
+
+
+class Want(NamedTuple):
+    """A cycle is wanted: ``bits`` of WANT_* (star: a follower to rank 0, always WANT_NOW; tree: child to parent)."""
+
+    bits: int
+    KIND = "want"
+    ARITY = 1
+
+    def encode(self) -> tuple:
+        """The frame as plain data."""
+        return ("want", self.bits)
+
+    @staticmethod
+    def from_fields(fields: tuple) -> "Want":
+        """The record from its fields (after the kind)."""
+        bits = fields[0]
+        if type(bits) is not int or bits <= 0 or bits & ~_WANT_ALL:
+            raise _Malformed(f"want bits {bits!r:.40}")
+        return Want(bits)
+
+
+class Msg(NamedTuple):
+    """One rank's message for one process set (star: to the set's first rank): whether it asks the job to shut
+    down, the cache bits of requests identical to their last negotiated one, the other requests in full, and its
+    small allreduces' data (global set only; empty otherwise)."""
+
+    shutdown: bool
+    hits: Tuple[int, ...]
+    requests: Tuple[Request, ...]
+    data: Data
+    KIND = "msg"
+    ARITY = 4
+
+    @property
+    def message(self) -> Message:
+        """What the coordinator takes from it."""
+        return Message(self.shutdown, self.hits, self.requests)
+
+    def body(self) -> tuple:
+        """The fields as plain data (also what a :class:`Peer` frame holds per set)."""
+        return (self.shutdown, self.hits, [r.to_wire() for r in self.requests], self.data)
+
+    def encode(self) -> tuple:
+        """The frame as plain data."""
+        return ("msg", self.shutdown, self.hits, [r.to_wire() for r in self.requests], self.data)
+
+    @staticmethod
+    def from_fields(fields: tuple) -> "Msg":
+        """The record from its fields (after the kind)."""
+        shutdown, hits, requests, data = fields
+        if type(shutdown) is not bool:
+            raise _Malformed("shutdown is not a bool")
+        return Msg(shutdown, _ints(hits, "cache hits"), _requests(requests), _data(data))
+
+
+def decode_body(body) -> Msg:
+    """A message's body (as :meth:`Msg.body` writes it) as a record.
+
+    Raises:
+        HorovodInternalError: the body is malformed.
+    """
+    try:
+        if type(body) is not tuple or len(body) != Msg.ARITY:
+            raise _Malformed("a message body is not 4 fields")
+        return Msg.from_fields(body)
+    except (ValueError, TypeError) as exc:
+        raise HorovodInternalError(f"malformed negotiation message {body!r:.200}: {exc}") from None
+
+
+Item = Union[int, Response]     # a response in a reply, or its bit in the receiver's response cache
+
+
+class Reply(NamedTuple):
+    """A set's decisions: whether the job stops, the batches in order (a cached response as its bit) and, per batch,
+    None or every member's input when its data came with the messages (``contributions`` None: no batch's did)."""
+
+    stop: bool
+    batches: List[List[Item]]
+    contributions: Optional[List[Optional[List[bytes]]]] = None
+    KIND = "reply"
+    ARITY = 3
+
+    def encode(self) -> tuple:
+        """The frame as plain data."""
+        batches = [[r if type(r) is int else r.to_wire() for r in batch] for batch in self.batches]
+        return ("reply", self.stop, batches, self.contributions)
+
+    @staticmethod
+    def from_fields(fields: tuple) -> "Reply":
+        """The record from its fields (after the kind)."""
+        stop, batches, contributions = fields
+        if type(stop) is not bool or type(batches) is not list:
+            raise _Malformed("stop is not a bool or batches are not a list")
+        decoded = []
+        for batch in batches:
+            if type(batch) is not list:
+                raise _Malformed("a batch is not a list")
+            decoded.append([r if type(r) is int else Response.from_wire(r) for r in batch])
+        if contributions is not None:
+            if type(contributions) is not list or len(contributions) != len(batches):
+                raise _Malformed("contributions do not match the batches")
+            for inputs in contributions:
+                if inputs is not None:
+                    if type(inputs) is not list:
+                        raise _Malformed("a batch's contributions are not a list")
+                    for data in inputs:
+                        if type(data) is not bytes:
+                            raise _Malformed("a batch's contributions are not bytes")
+        return Reply(stop, decoded, contributions)
+
+
+class Up(NamedTuple):
+    """A subtree's messages for the global set (tree: a child to its parent): ``groups`` lists together the ranks
+    that sent the very same message; ``datas`` holds (rank, small allreduces' data) for ranks that sent some."""
+
+    groups: List[Group]
+    datas: List[Tuple[int, Data]]
+    KIND = "up"
+    ARITY = 2
+
+    def encode(self) -> tuple:
+        """The frame as plain data."""
+        return ("up", [(ranks, _message_wire(message)) for ranks, message in self.groups], self.datas)
+
+    @staticmethod
+    def from_fields(fields: tuple) -> "Up":
+        """The record from its fields (after the kind)."""
+        groups, datas = fields
+        if type(groups) is not list or type(datas) is not list:
+            raise _Malformed("groups or data are not lists")
+        decoded: List[Group] = []
+        for group in groups:
+            if type(group) not in (list, tuple) or len(group) != 2:
+                raise _Malformed("a group is not (ranks, message)")
+            ranks, body = group
+            if type(body) is not tuple or len(body) != 3 or type(body[0]) is not bool:
+                raise _Malformed("a group's message is not (shutdown, hits, requests)")
+            message = Message(body[0], _ints(body[1], "cache hits"), _requests(body[2]))
+            decoded.append((list(_ints(ranks, "a group's ranks")), message))
+        held = []
+        for item in datas:
+            if type(item) not in (list, tuple) or len(item) != 2 or type(item[0]) is not int:
+                raise _Malformed("tensor data is not (rank, data)")
+            held.append((item[0], _data(item[1])))
+        return Up(decoded, held)
+
+
+class Peer(NamedTuple):
+    """One rank's messages for one cycle, by set id, with the sender's clock (peer: every rank to every other)."""
+
+    clock: float
+    messages: Dict[int, Msg]
+    KIND = "peer"
+    ARITY = 2
+
+    def encode(self) -> tuple:
+        """The frame as plain data."""
+        return ("peer", self.clock, {set_id: msg.body() for set_id, msg in self.messages.items()})
+
+    @staticmethod
+    def from_fields(fields: tuple) -> "Peer":
+        """The record from its fields (after the kind)."""
+        clock, messages = fields
+        if type(clock) is not float or type(messages) is not dict:
+            raise _Malformed("the clock is not a float or the messages are not by set id")
+        decoded = {}
+        for set_id, body in messages.items():
+            if type(set_id) is not int or type(body) is not tuple or len(body) != Msg.ARITY:
+                raise _Malformed(f"the message for set {set_id!r:.20} is not 4 fields")
+            decoded[set_id] = Msg.from_fields(body)
+        return Peer(clock, decoded)
+
+
+class Records(NamedTuple):
+    """Every rank's start-up record, handed down the tree at start-up (a parent to its children; above
+    ``DIRECT_RECORDS_MAX_RANKS`` ranks, :mod:`horovod.core.bootstrap`)."""
+
+    texts: List[str]
+    KIND = "records"
+    ARITY = 1
+
+    def encode(self) -> tuple:
+        """The frame as plain data."""
+        return ("records", self.texts)
+
+    @staticmethod
+    def from_fields(fields: tuple) -> "Records":
+        """The record from its fields (after the kind)."""
+        texts = fields[0]
+        if type(texts) is not list or any(type(t) is not str for t in texts):
+            raise _Malformed("records are not texts")
+        return Records(texts)
+
+
+Frame = Union[Go, Want, Msg, Reply, Up, Peer, Records]
+FRAMES: Tuple[type, ...] = (Go, Want, Msg, Reply, Up, Peer, Records)
+GO = Go()
+_GO_WIRE = ("go",)
+# kind -> (record type, number of fields after the kind, the decoder of those fields)
+_BY_KIND: Dict[str, Tuple[type, int, Callable[[tuple], Frame]]] = {
+    cls.KIND: (cls, cls.ARITY, cls.from_fields) for cls in FRAMES}
+
+
+def decode(raw, sender: int, *allowed: type, receiver: Optional[int] = None) -> Frame:
+    """The record a control frame from rank ``sender`` holds, checked; with ``allowed``, only those kinds.
+
+    Raises:
+        HorovodInternalError: the frame is not a tuple of a known kind, has the wrong number of fields or a field
+            of the wrong type, or is of a kind not allowed here. The message names the kind and the sender.
+    """
+    entry = _BY_KIND.get(raw[0]) if type(raw) is tuple and raw and type(raw[0]) is str else None
+    if entry is None or (allowed and entry[0] not in allowed) or len(raw) != entry[1] + 1:
+        raise HorovodInternalError(_refusal(raw, sender, allowed, receiver))
+    try:
+        return entry[2](raw[1:])
+    except (ValueError, TypeError) as exc:
+        raise HorovodInternalError(f"malformed {raw[0]!r} frame from rank {sender}: {exc}: {raw!r:.200}") from None
+
+
+def _refusal(raw, sender: int, allowed: Sequence[type], receiver: Optional[int]) -> str:
+    """Why :func:`decode` refuses ``raw`` before looking at its fields."""
+    kind = raw[0] if type(raw) is tuple and raw else None
+    entry = _BY_KIND.get(kind) if type(kind) is str else None
+    who = f"rank {receiver}" if receiver is not None else "this rank"
+    if entry is None:
+        return f"{who} got a control frame of unknown kind {kind!r:.40} from rank {sender}: {raw!r:.100}"
+    if allowed and entry[0] not in allowed:
+        expected = " or ".join(repr(t.KIND) for t in allowed)
+        return (f"{who} expected a {expected} frame from rank {sender}, got a {kind!r} frame {raw!r:.100} (is "
+                f"HOROVOD_NEGOTIATION the same on every rank?)")
+    return f"malformed {kind!r} frame from rank {sender}: {len(raw) - 1} fields, not {entry[1]}: {raw!r:.100}"
+
+
+def receive(transport, peer: int, *allowed: type) -> Frame:
+    """The next control frame from ``peer`` over ``transport``, decoded (see :func:`decode`).
+
+    Raises:
+        HorovodInternalError: the connection failed, or the frame is malformed or of a kind not allowed here.
+    """
+    return decode(transport.recv_obj(peer), peer, *allowed, receiver=transport.rank)
