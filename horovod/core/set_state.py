@@ -35,11 +35,11 @@ class SetState:
                            hierarchy(set_id, self.ranks, self.index, transport, config, may_spin)) \
             if self.index >= 0 else None
         self.cache = ResponseCache(config.cache_capacity)
+        coordinates = self.index == 0 or (every_member_coordinates and self.index >= 0)
         self.coordinator = Coordinator(
             self.ranks, self.cache, config.fusion_threshold, config.disable_group_fusion,
             config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
-            not config.stall_check_disable, track_arrivals) if self.index == 0 or (every_member_coordinates and self.index >= 0) \
-            else None
+            not config.stall_check_disable, track_arrivals) if coordinates else None
         self.last_requests: Dict[str, Request] = {}
         self.queue: List[Request] = []
         self.entries: Dict[str, Entry] = {}

@@ -1,7 +1,8 @@
 """The per-process Horovod context: ``init``, ``shutdown``, topology queries and capability queries.
 
-One explicit context object per process, created by :func:`init` and dropped by :func:`shutdown`;
-``shutdown()`` then ``init()`` again builds a fresh one (elastic training relies on it).
+One explicit context object per process (:class:`horovod.runtime.context.Context`), created by :func:`init` and
+dropped by :func:`shutdown`, which leaves nothing of it behind; ``shutdown()`` then ``init()`` again builds a fresh
+one (elastic training relies on it).
 """
 
 from __future__ import annotations
@@ -30,8 +31,15 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "
            "start_timeline", "stop_timeline", "NOT_INITIALIZED"]
 
 NOT_INITIALIZED = _ctx.NOT_INITIALIZED
+# Outlive shutdown() on purpose. Each init's mesh (outside an elastic job, whose driver numbers its rounds) is
+# formed in a rendezvous scope named after this count, which must never repeat in a process: a re-init must not
+# meet the records of the previous one.
 _generation = 0
+# atexit.register(shutdown) once per process, however often init runs.
 _atexit_registered = False
+# init(process_sets="dynamic") holds for every later init of this process, as in Horovod (which sets
+# HOROVOD_DYNAMIC_PROCESS_SETS for it): an elastic reset re-initialises without arguments.
+_dynamic_asked = False
 
 
 def _require() -> _ctx.Context:
@@ -69,13 +77,11 @@ def _start_engine(config, topo, static_sets: List[ProcessSet]) -> _ctx.Context:
     timeline = _timeline.from_config(config, rank)
     engine = Engine(config, rank, size, transport, timeline)
     engine.add_static_set(0, range(size))
-    global_process_set.ranks = list(range(size))
-    global_process_set.process_set_id = 0
     for index, ps in enumerate(static_sets, start=1):
         engine.add_static_set(index, ps.ranks)
         ps.process_set_id = index
     engine.start()
-    return _ctx.Context(config, topo, engine, bool(config.dynamic_process_sets), timeline)
+    return _ctx.Context(config, topo, engine, timeline, process_sets=list(static_sets))
 
 
 def _start_round(config, topo, static_sets: List[ProcessSet]) -> _ctx.Context:
@@ -105,14 +111,15 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
         ValueError: duplicate process sets or an unsupported ``comm``.
         HorovodInternalError: the peers could not be reached within the start timeout.
     """
-    global _atexit_registered
+    global _atexit_registered, _dynamic_asked
     with _ctx.lock:
         if _ctx.get() is not None:
             return
         if process_sets == "dynamic":
-            _config.environ_set("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-            process_sets = None
+            _dynamic_asked, process_sets = True, None
         config = _config.load_config()
+        if _dynamic_asked:      # (the process environment stays as it was)
+            config = config.replace(dynamic_process_sets=True)
         topo = resolve(config, comm)
         size = topo.size
         if isinstance(comm, (list, tuple, range)) and sorted(comm) != list(range(size)):
@@ -125,13 +132,16 @@ def init(comm: Optional[Sequence[int]] = None, process_sets=None) -> None:
 
 
 def shutdown() -> None:
-    """Stop the engine (every rank stops at the same cycle) and drop the context; a no-op when not initialized."""
+    """Stop the engine (every rank stops at the same cycle) and drop the context, taking back the process sets'
+    ids (but the global set's 0); a no-op when not initialized."""
     ctx = _ctx.clear()
     if ctx is None or ctx.foreign():
         return      # (a forked child: the engine, its thread and connections are the parent's)
     ctx.engine.shutdown()
     if ctx.timeline is not None:
         ctx.timeline.close()
+    for ps in ctx.process_sets:
+        ps.process_set_id = None
 
 
 def is_initialized() -> bool:

@@ -8,10 +8,8 @@ output array (alltoall: ``(output, received_splits)``; grouped ops: a list).
 from __future__ import annotations
 
 import hashlib
-import itertools
-import threading
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import cloudpickle
 import numpy as np
@@ -24,10 +22,6 @@ from horovod.core.handles import Handle
 Average, Sum, Adasum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN,
                                            ReduceOp.MAX, ReduceOp.PRODUCT)
 
-_counters: Dict[str, "itertools.count[int]"] = {}
-_counter_lock = threading.Lock()
-
-
 def _group_id(base: str) -> int:
     """A group's id, the same on every rank: derived from its name, which every rank of the set shares."""
     return int.from_bytes(hashlib.blake2b(base.encode(), digest_size=8).digest(), "big") & ((1 << 62) - 1)
@@ -35,12 +29,15 @@ def _group_id(base: str) -> int:
 
 def _auto_name(prefix: str, process_set: Optional[ProcessSet] = None) -> str:
     """Unnamed tensors are numbered per op and process set in submission order, which must match across the set's
-    ranks (as in Horovod). Counting per set keeps ops on a subset from shifting the numbers of everybody else's."""
+    ranks (as in Horovod). Counting per set keeps ops on a subset from shifting the numbers of everybody else's;
+    the counts are the context's, so every ``init`` starts them again (a new elastic round's ranks agree).
+
+    Raises:
+        ValueError: Horovod is not initialized.
+    """
     set_id = (process_set or global_process_set).process_set_id or 0
     key = prefix if set_id == 0 else f"{prefix}.ps{set_id}"
-    with _counter_lock:
-        counter = _counters.setdefault(key, itertools.count())
-        return f"{key}.noname.{next(counter)}"
+    return f"{key}.noname.{basics.context().counters.next(key)}"
 
 
 def _name(prefix: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:

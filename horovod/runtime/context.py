@@ -1,21 +1,26 @@
-"""The one per-process Horovod context: what ``init`` built (configuration, topology, engine, timeline).
+"""The one per-process Horovod context: everything a process holds between ``init`` and ``shutdown``.
 
 Held here, below :mod:`basics` and :mod:`process_sets`, so both can reach the live engine without importing each
-other. ``init`` installs a context and ``shutdown`` clears it; ``shutdown()`` then ``init()`` builds a fresh one
-(elastic training relies on it).
+other. ``init`` installs a :class:`Context` and ``shutdown`` clears it; ``shutdown()`` then ``init()`` builds a fresh
+one (elastic training relies on it), with every count restarted, so that ranks of a new round (survivors and
+newcomers alike) name their collectives alike. What outlives a ``shutdown`` on purpose is kept next to its reader,
+with the reason: the mesh generation and the exit hook (:mod:`basics`), the elastic round (:mod:`elastic_worker`),
+the launcher's failure report (:mod:`failure_report`), rank 0's rendezvous servers (:mod:`launch_env`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import threading
-from typing import Optional
+from typing import Dict, List, Optional
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.forks import FORKED, forked
 
-__all__ = ["Context", "NOT_INITIALIZED", "FORKED_MESSAGE", "current", "get", "install", "clear", "engine", "lock"]
+__all__ = ["Context", "Counters", "NOT_INITIALIZED", "FORKED_MESSAGE", "current", "get", "install", "clear",
+           "engine", "lock"]
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 FORKED_MESSAGE = ("this process was forked after hvd.init() (a data-loader worker?): its connections are its "
@@ -25,16 +30,43 @@ FORKED_MESSAGE = ("this process was forked after hvd.init() (a data-loader worke
 lock = threading.RLock()
 
 
+class Counters:
+    """Numbers for what this process names itself (unnamed tensors, process-set changes), one sequence per key.
+
+    Every rank of a set counts the same collectives in the same order, so the names agree; a fresh context starts
+    every sequence at 0 again.
+    """
+
+    def __init__(self):
+        self._counts: Dict[str, "itertools.count[int]"] = {}
+        self._lock = threading.Lock()
+
+    def next(self, key: str) -> int:
+        """The next number of sequence ``key`` (0 first)."""
+        with self._lock:
+            counter = self._counts.get(key)
+            if counter is None:
+                counter = self._counts[key] = itertools.count()
+            return next(counter)
+
+
 @dataclasses.dataclass
 class Context:
-    """What ``init`` built for this process; dropped by ``shutdown``."""
+    """What ``init`` built for this process; dropped by ``shutdown``, which leaves nothing of it behind."""
 
-    config: object
+    config: object        # horovod.common.config.Config, with dynamic process sets on if init asked for them
     topo: object          # horovod.common.types.Topology: this worker's place in the job
-    engine: object
-    dynamic_sets: bool
+    engine: object        # horovod.core.engine.Engine
     timeline: object = None
+    # The user's ProcessSet objects this context gave an id (static and dynamic); shutdown takes the ids back.
+    process_sets: List[object] = dataclasses.field(default_factory=list)
+    counters: Counters = dataclasses.field(default_factory=Counters)
     pid: int = dataclasses.field(default_factory=os.getpid)     # the process that called init
+
+    @property
+    def dynamic_sets(self) -> bool:
+        """Whether process sets may be added and removed at run time."""
+        return bool(self.config.dynamic_process_sets)
 
     def foreign(self) -> bool:
         """Whether this process is a child forked after ``init`` (the context, and its connections, are not its)."""

@@ -11,6 +11,7 @@ that has been there since round 1 must build their mesh in the same scope.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -21,21 +22,30 @@ from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
 from horovod.common.types import Topology
 from horovod.common import elastic_records as protocol
 
+@dataclasses.dataclass
+class _Rounds:
+    """This worker's place in the elastic job's sequence of rounds."""
+
+    round: int = 0                              # the last round this process took part in
+    version: int = 0                            # the host update that round accounts for
+    client: Optional[RendezvousClient] = None   # to the driver's store, made at the first round
+    broken_looked: float = float("-inf")        # when round_broken last asked the driver
+
+
+# Outlives shutdown() on purpose: an elastic reset is shutdown() then init(), and the worker tells the driver the
+# last round it took part in (the new one must be newer), so the rounds belong to the process, not to one init.
+_rounds = _Rounds()
 _lock = threading.Lock()
-_round = 0          # the last round this process took part in
-_version = 0        # the host update that round accounts for
-_client: Optional[RendezvousClient] = None
-_broken_looked = [float("-inf")]
 
 
 def current_round() -> int:
     """The round this worker is (or last was) in; 0 before its first."""
-    return _round
+    return _rounds.round
 
 
 def current_version() -> int:
     """The last host update the current round accounts for."""
-    return _version
+    return _rounds.version
 
 
 def _make_client(config) -> RendezvousClient:
@@ -53,13 +63,12 @@ def resolve_elastic(config):
         SystemExit: (status 0) the driver removed this worker's host, or the job has ended.
         RendezvousError: the driver did not answer within the elastic and start timeouts, or is gone.
     """
-    global _round, _version, _client
     key = protocol.slot_key(config.hostname, config.local_rank)
     with _lock:
-        client = _client = _client or _make_client(config)
+        client = _rounds.client = _rounds.client or _make_client(config)
         try:
             client.delete(protocol.ASSIGN_SCOPE, key)
-            client.put(protocol.READY_SCOPE, key, str(_round).encode())
+            client.put(protocol.READY_SCOPE, key, str(_rounds.round).encode())
             answer = protocol.decode_answer(client.get(protocol.ASSIGN_SCOPE, key,
                                                        timeout=config.elastic_timeout + config.start_timeout))
         except RendezvousError as exc:
@@ -69,7 +78,7 @@ def resolve_elastic(config):
             why = "its host was removed from the job" if answer == protocol.REMOVED else "the job has ended"
             print(f"horovod: elastic worker {key} stops: {why}", file=sys.stderr, flush=True)
             raise SystemExit(0)
-        _round, _version = answer.round, answer.version
+        _rounds.round, _rounds.version = answer.round, answer.version
     return Topology(answer.rank, answer.size, answer.local_rank, answer.local_size, answer.cross_rank,
                     answer.cross_size, config.hostname, config.gloo_rendezvous_addr, config.gloo_rendezvous_port,
                     client.secret, f"{config.rendezvous_scope}.elastic", generation=answer.round)
@@ -79,11 +88,12 @@ def round_broken(round_number: int) -> bool:
     """Whether the driver saw a worker of round ``round_number`` fail (its mesh will never form); one bounded
     request, at most every half second."""
     now = time.monotonic()
-    if _client is None or now - _broken_looked[0] < 0.5:
+    client = _rounds.client
+    if client is None or now - _rounds.broken_looked < 0.5:
         return False
-    _broken_looked[0] = now
+    _rounds.broken_looked = now
     try:
-        data = _client.try_get(protocol.NOTIFY_SCOPE, protocol.BROKEN_ROUND_KEY)
+        data = client.try_get(protocol.NOTIFY_SCOPE, protocol.BROKEN_ROUND_KEY)
     except (RendezvousError, ValueError):
         return False
     try:
@@ -94,7 +104,7 @@ def round_broken(round_number: int) -> bool:
 
 def poll_host_update() -> Optional[tuple]:
     """``(version, flags)`` of a host update newer than the current round, or None; one bounded request."""
-    client = _client
+    client = _rounds.client
     if client is None:
         return None
     try:
@@ -104,7 +114,7 @@ def poll_host_update() -> Optional[tuple]:
     if data is None:
         return None
     version, flags = protocol.decode_update(data)
-    return (version, flags) if version > _version else None
+    return (version, flags) if version > _rounds.version else None
 
 
 __all__ = ["resolve_elastic", "poll_host_update", "round_broken", "current_round", "current_version"]

@@ -12,6 +12,7 @@ that is gone only loses the record.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import sys
 import threading
 from typing import Callable, Optional
@@ -22,29 +23,40 @@ from horovod.common.rendezvous_client import RendezvousClient
 __all__ = ["install", "uninstall", "finishing", "publish_timeout"]
 
 publish_timeout = 2.0
-_previous: Optional[Callable] = None
-_target: Optional[Callable[[BaseException], None]] = None
-_finish: Optional[Callable[[], None]] = None
+
+
+@dataclasses.dataclass
+class _Report:
+    """Where this rank's failure goes, and the hook it chains to."""
+
+    previous: Optional[Callable] = None                             # the excepthook ours replaced
+    target: Optional[Callable[[BaseException], None]] = None        # records an uncaught exception
+    finish: Optional[Callable[[], None]] = None                     # records a normal end
+
+
+# Outlives shutdown() on purpose: the launcher that started this process, not one init, wants its account. An
+# exception after hvd.shutdown() still fails the rank, and the "finished" record goes out at the program's end,
+# after any shutdown; the excepthook, once chained, stays for the life of the process.
+_report = _Report()
 
 
 def _hook(kind, error, tb) -> None:
-    target = _target
+    target = _report.target
     if target is not None and error is not None and not isinstance(error, KeyboardInterrupt):
         try:
             target(error)
         except Exception:  # noqa: BLE001 — reporting must never hide the exception itself
             pass
-    (_previous or sys.__excepthook__)(kind, error, tb)
+    (_report.previous or sys.__excepthook__)(kind, error, tb)
 
 
 def install(rank: int, addr: str, port: int, secret: bytes) -> None:
     """Record this rank's uncaught exception in the store at ``addr:port`` (replacing an earlier target)."""
-    global _previous, _target, _finish
     client = RendezvousClient(addr, port, secret, timeout=publish_timeout)
-    _target = lambda error: client.put(SCOPE, str(rank), describe_exception(rank, error).encode())  # noqa: E731
-    _finish = lambda: client.put(SCOPE, f"{rank}.finished", finished_record(rank).encode())  # noqa: E731
+    _report.target = lambda error: client.put(SCOPE, str(rank), describe_exception(rank, error).encode())  # noqa: E731
+    _report.finish = lambda: client.put(SCOPE, f"{rank}.finished", finished_record(rank).encode())  # noqa: E731
     if sys.excepthook is not _hook:
-        _previous = sys.excepthook
+        _report.previous = sys.excepthook
         sys.excepthook = _hook
         _at_main_thread_end(finishing)
 
@@ -62,14 +74,14 @@ def _at_main_thread_end(func: Callable[[], None]) -> None:
 def finishing() -> None:
     """Record that this rank shuts Horovod down normally (``hvd.shutdown()``, at exit too): if another rank still
     waits for a collective, the launcher can say that this rank finished while it waited. Never raises."""
-    if _finish is not None and sys.exc_info()[0] is None:
+    finish = _report.finish
+    if finish is not None and sys.exc_info()[0] is None:
         try:
-            _finish()
+            finish()
         except Exception:  # noqa: BLE001 — a launcher that is gone only loses the record
             pass
 
 
 def uninstall() -> None:
     """Stop recording (the hook stays chained but does nothing)."""
-    global _target, _finish
-    _target = _finish = None
+    _report.target = _report.finish = None

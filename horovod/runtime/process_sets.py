@@ -3,7 +3,8 @@
 Id 0 is the global set. Static sets are given to ``init(process_sets=[...])``; in dynamic mode
 (``HOROVOD_DYNAMIC_PROCESS_SETS=1`` or ``init(process_sets="dynamic")``) every rank calls ``add_process_set`` and
 ``remove_process_set`` in the same order, and the engine applies the change at the same point on every rank.
-Ids are assigned 1, 2, ... in registration order.
+Ids are assigned 1, 2, ... in registration order. Which sets hold an id is the live context's
+(:mod:`horovod.runtime.context`): ``shutdown`` takes every id back except the global set's 0.
 """
 
 from __future__ import annotations
@@ -59,8 +60,26 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
-global_process_set = ProcessSet([])
-global_process_set.process_set_id = 0
+class _GlobalProcessSet(ProcessSet):
+    """The set of every rank (id 0): its ranks are the live context's, none before ``init`` or after ``shutdown``."""
+
+    def __init__(self):
+        super().__init__(None)
+        self.process_set_id = 0
+
+    @property
+    def ranks(self) -> List[int]:
+        """Every rank of the job, or none when Horovod is not initialized."""
+        ctx = context.get()
+        return list(range(ctx.size)) if ctx is not None else []
+
+    @ranks.setter
+    def ranks(self, value) -> None:
+        if value is not None:      # (ProcessSet.__init__ sets None; the ranks are the context's)
+            raise AttributeError("the global process set's ranks are every rank of the job")
+
+
+global_process_set = _GlobalProcessSet()
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
@@ -73,6 +92,7 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
     if ps.process_set_id is not None:
         raise ValueError(f"{ps} is already registered")
     ps.process_set_id = _add_process_set_impl(ps.ranks)
+    context.current().process_sets.append(ps)
     return ps
 
 
@@ -83,22 +103,20 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     removed = _remove_process_set_impl(process_set.process_set_id)
     if removed:
         process_set.process_set_id = None
+        registered = context.current().process_sets
+        if process_set in registered:
+            registered.remove(process_set)
     return removed
 
 
 # -- the engine side of dynamic sets ----------------------------------------------------------------------------------
 
-_set_change_counter = 0
-
-
 def _set_change(op: OpType, payload) -> object:
-    global _set_change_counter
     ctx = context.current()
     if not ctx.dynamic_sets:
         raise ValueError("Process sets can only be added or removed in dynamic mode: set "
                          "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call hvd.init(process_sets='dynamic')")
-    _set_change_counter += 1
-    name = f"process_set.{op.name.lower()}.{_set_change_counter}"
+    name = f"process_set.{op.name.lower()}.{ctx.counters.next('process_set') + 1}"
     handle = context.engine().submit(Request(name, op, "uint8", (), payload=tuple(payload)), None)
     return handle.result()
 
