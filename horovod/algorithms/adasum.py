@@ -21,6 +21,7 @@ from typing import List, Sequence
 import numpy as np
 
 from horovod.algorithms.group import Group, sendrecv
+from horovod.common.util import is_power_of_two
 
 __all__ = ["NORM_FLOOR", "coefficients", "combine_pair", "adasum_reduce", "vhdd_allreduce"]
 
@@ -51,11 +52,15 @@ def combine_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (ca * a64 + cb * b64).astype(a.dtype, copy=False)
 
 
+def _check_ranks(n: int) -> None:
+    if not is_power_of_two(n):
+        raise ValueError(f"Adasum needs a power-of-two number of ranks, got {n}")
+
+
 def adasum_reduce(contributions: List[np.ndarray], tensor_bounds: Sequence[int]) -> np.ndarray:
     """The recursive formula on whole buffers (a reference): pairs ``(2i, 2i+1)`` level by level, tensor by tensor."""
     n = len(contributions)
-    if n & (n - 1):
-        raise ValueError(f"Adasum needs a power-of-two number of ranks, got {n}")
+    _check_ranks(n)
     level = list(contributions)
     while len(level) > 1:
         merged = []
@@ -108,8 +113,7 @@ def vhdd_allreduce(group: Group, buf: np.ndarray, tensor_bounds: Sequence[int], 
         ValueError: the group's size is not a power of two.
     """
     n, me = group.size, group.index
-    if n & (n - 1):
-        raise ValueError(f"Adasum needs a power-of-two number of ranks, got {n}")
+    _check_ranks(n)
     lo, hi = 0, buf.size
     spans = []
     distance = 1

@@ -48,6 +48,8 @@ class Assignment:
     round-numbered scope. ``version`` is the last host update this round already accounts for.
     """
 
+    # The same six numbers as types.Topology, on purpose: this is their wire record (a fixed comma-separated form,
+    # read by a worker that then builds its Topology from it); Topology adds what is not the driver's to say.
     round: int
     rank: int
     size: int
@@ -58,10 +60,16 @@ class Assignment:
     version: int = 0
 
     def encode(self) -> bytes:
+        """The record as the driver stores it: its numbers, comma-separated."""
         return ",".join(str(v) for v in dataclasses.astuple(self)).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> "Assignment":
+        """The record from :meth:`encode`'s bytes.
+
+        Raises:
+            ValueError: not eight integers, or a round or rank out of range.
+        """
         fields = data.decode("ascii").split(",")
         if len(fields) != 8:
             raise ValueError(f"malformed elastic assignment {data[:100]!r}")
@@ -78,10 +86,12 @@ def decode_answer(data: bytes) -> Union[Assignment, bytes]:
 
 
 def encode_update(version: int, flags: int) -> bytes:
+    """A host update as the driver posts it: its version and flags (what changed), comma-separated."""
     return f"{int(version)},{int(flags)}".encode()
 
 
 def decode_update(data: bytes) -> Tuple[int, int]:
+    """``(version, flags)`` from :func:`encode_update`'s bytes (ValueError when they are not two integers)."""
     version, _, flags = data.decode("ascii").partition(",")
     return int(version), int(flags)
 

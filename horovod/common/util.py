@@ -19,7 +19,7 @@ from horovod.common import config
 
 __all__ = ["EXTENSIONS", "FRAMEWORK_MODULES", "module_found", "extension_available", "check_extension",
            "gpu_available", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "env",
-           "get_average_backwards_compatibility_fun", "num_rank_is_power_2", "split_list", "is_iterable",
+           "get_average_backwards_compatibility_fun", "num_rank_is_power_2", "is_power_of_two", "split_list", "is_iterable",
            "is_version_greater_equal_than"]
 
 EXTENSIONS = ["tensorflow", "torch", "mxnet"]
@@ -141,9 +141,12 @@ def get_average_backwards_compatibility_fun(reduce_ops: Any) -> Callable[[Any, O
     return impl
 
 
-def num_rank_is_power_2(num_rank: int) -> bool:
-    """Whether ``num_rank`` is a power of two (Adasum needs one)."""
-    return num_rank != 0 and num_rank & (num_rank - 1) == 0
+def is_power_of_two(n: int) -> bool:
+    """Whether ``n`` is a power of two (Adasum's rank counts need one); the one copy of the rule."""
+    return n > 0 and n & (n - 1) == 0
+
+
+num_rank_is_power_2 = is_power_of_two   # Horovod's name
 
 
 def split_list(items: Sequence[Any], n: int) -> List[Sequence[Any]]:

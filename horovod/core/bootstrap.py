@@ -19,6 +19,7 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError, RendezvousError
+from horovod.common.netaddr import first_interface_address, source_address
 from horovod.common.rendezvous_client import RendezvousClient
 from horovod.core.negotiation.frames import Records, receive
 from horovod.core.negotiation.tree import children, parent
@@ -33,34 +34,19 @@ DIRECT_RECORDS_MAX_RANKS = 16
 
 
 def _routable_address(rendezvous_addr: str, port: int) -> str:
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        probe.connect((rendezvous_addr, max(port, 1)))
-        return probe.getsockname()[0]
+        return source_address(rendezvous_addr, port)
     except OSError:
         return "127.0.0.1"
-    finally:
-        probe.close()
 
 
 def _interface_address(ifaces: str) -> str:
-    # A comma-separated list names candidates: the first one this host has is used, so hosts whose NICs are
-    # named differently can share one setting.
-    import fcntl
-    import struct
-    names = [name.strip() for name in ifaces.split(",") if name.strip()]
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        for name in names:
-            try:
-                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
-                return socket.inet_ntoa(packed[20:24])
-            except OSError:
-                continue
-    finally:
-        probe.close()
-    raise HorovodInternalError(f"none of the network interfaces {ifaces!r} (HOROVOD_GLOO_IFACE) has an IPv4 address "
-                               f"on host {socket.gethostname()}")
+    # A comma-separated list names candidates: the first one this host has is used.
+    address = first_interface_address(name.strip() for name in ifaces.split(",") if name.strip())
+    if address is None:
+        raise HorovodInternalError(f"none of the network interfaces {ifaces!r} (HOROVOD_GLOO_IFACE) has an IPv4 "
+                                   f"address on host {socket.gethostname()}")
+    return address
 
 
 def rendezvous_client(config, topo) -> RendezvousClient:

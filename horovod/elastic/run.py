@@ -40,15 +40,10 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
 
 
 def reset_horovod() -> None:
-    """Shut Horovod down and initialise it again; retried while a round breaks before it starts (a peer of the new
-    round died while connecting), since the driver then answers with a newer round."""
-    while True:
-        basics.shutdown()
-        try:
-            basics.init()
-            return
-        except HorovodInternalError:
-            continue
+    """Shut Horovod down and initialise it again. A round that breaks before it starts (a peer of the new round died
+    while connecting) is followed by the driver's next one inside ``init`` itself (the one copy of that retry)."""
+    basics.shutdown()
+    basics.init()
 
 
 def run(func: Callable) -> Callable:

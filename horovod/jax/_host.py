@@ -134,11 +134,13 @@ def submit(spec: Spec, arrays: Sequence[np.ndarray]):
     inputs = [to_core(a) for a in arrays]
     data, dtypes = [a for a, _ in inputs], [d for _, d in inputs]
     ps, single = spec.process_set, len(data) == 1 and not spec.grouped
-    if spec.kind == "allreduce":
+    if spec.kind in ("allreduce", "reducescatter"):
         kwargs = dict(op=spec.op, prescale_factor=spec.prescale, postscale_factor=spec.postscale, process_set=ps)
+        one, grouped = ((_c.allreduce_async, _c.grouped_allreduce_async) if spec.kind == "allreduce" else
+                        (_c.reducescatter_async, _c.grouped_reducescatter_async))
         if single:
-            return _c.allreduce_async(data[0], dtype=dtypes[0], name=spec.name, **kwargs)
-        return _c.grouped_allreduce_async(data, dtypes=dtypes, name=spec.name, **kwargs)
+            return one(data[0], dtype=dtypes[0], name=spec.name, **kwargs)
+        return grouped(data, dtypes=dtypes, name=spec.name, **kwargs)
     if spec.kind == "allgather":
         if spec.traced:   # every rank learns every rank's rows, so a ragged gather fails on all of them alike
             data.append(np.array([a.shape[0] if a.ndim else 1 for a in data], dtype=np.int64))
@@ -146,11 +148,6 @@ def submit(spec: Spec, arrays: Sequence[np.ndarray]):
         if len(data) == 1 and not spec.grouped:
             return _c.allgather_async(data[0], dtype=dtypes[0], process_set=ps, name=spec.name)
         return _c.grouped_allgather_async(data, dtypes=dtypes, process_set=ps, name=spec.name)
-    if spec.kind == "reducescatter":
-        kwargs = dict(op=spec.op, prescale_factor=spec.prescale, postscale_factor=spec.postscale, process_set=ps)
-        if single:
-            return _c.reducescatter_async(data[0], dtype=dtypes[0], name=spec.name, **kwargs)
-        return _c.grouped_reducescatter_async(data, dtypes=dtypes, name=spec.name, **kwargs)
     if spec.kind == "broadcast":
         if single:
             return _c.broadcast_async(data[0], spec.root_rank, dtype=dtypes[0], process_set=ps, name=spec.name)

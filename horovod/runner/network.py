@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-from horovod.common.netaddr import interface_address
+from horovod.common.netaddr import first_interface_address, interface_address, interface_names, source_address
 
 
 
@@ -55,19 +55,15 @@ def route_source(host: str) -> str:
         NetworkError: the host does not resolve or there is no route to it.
     """
     target = resolve_host(host)
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        probe.connect((target, 9))
-        return probe.getsockname()[0]
+        return source_address(target)
     except OSError as exc:
         raise NetworkError(f"no route from this machine to host {host!r} ({target}): {exc.strerror or exc}") from None
-    finally:
-        probe.close()
 
 
 def interface_of(address: str) -> Optional[str]:
     """The name of this machine's interface that holds IPv4 ``address``, or None."""
-    return next((name for _, name in socket.if_nameindex() if interface_address(name) == address), None)
+    return next((name for name in interface_names() if interface_address(name) == address), None)
 
 
 def launcher_addresses(remote_hosts: Sequence[str], nics: Sequence[str] = ()) -> Dict[str, str]:
@@ -81,13 +77,11 @@ def launcher_addresses(remote_hosts: Sequence[str], nics: Sequence[str] = ()) ->
         NetworkError: a host does not route, or none of ``nics`` has an IPv4 address on this machine.
     """
     if nics:
-        for nic in nics:
-            address = interface_address(nic)
-            if address is not None:
-                return {host: address for host in remote_hosts}
+        address = first_interface_address(nics)
+        if address is not None:
+            return {host: address for host in remote_hosts}
         raise NetworkError(f"none of the network interfaces {', '.join(nics)} has an IPv4 address on this machine "
-                           f"({socket.gethostname()}); interfaces here: "
-                           f"{', '.join(name for _, name in socket.if_nameindex())}")
+                           f"({socket.gethostname()}); interfaces here: {', '.join(interface_names())}")
     return {host: route_source(host) for host in remote_hosts}
 
 

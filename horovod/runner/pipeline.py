@@ -33,8 +33,8 @@ from horovod.runner.rendezvous import RendezvousInfo
 from horovod.runner.supervisor import DEFAULT_GRACE_SECONDS, JobResult, Supervisor, WorkerExit
 from horovod.runner.verbose import describe_job
 
-__all__ = ["LaunchConfig", "NotAvailableYetError", "SLOT_VARS", "LAUNCHER_VARS", "slot_env", "job_env",
-           "worker_env", "plan_launches", "package_pythonpath", "run_job", "launch_local"]
+__all__ = ["LaunchConfig", "NotAvailableYetError", "SLOT_VARS", "LAUNCHER_VARS", "without_launcher_vars", "slot_env",
+           "job_env", "worker_env", "plan_launches", "package_pythonpath", "run_job", "launch_local"]
 
 # The variables that place one worker in the job; a backend whose one process starts every rank (mpirun) leaves them
 # to the workers' own launcher.
@@ -44,6 +44,12 @@ SLOT_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCA
 # horovodrun started from inside another job) must never leak through.
 LAUNCHER_VARS = SLOT_VARS + ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_SECRET_KEY",
                              "HOROVOD_RENDEZVOUS_SCOPE", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
+
+
+def without_launcher_vars(env: Mapping[str, str]) -> Dict[str, str]:
+    """``env`` without the variables a launcher decides for each worker (:data:`LAUNCHER_VARS`): the one place an
+    inherited rank, rendezvous or job secret is dropped."""
+    return {k: v for k, v in env.items() if k not in LAUNCHER_VARS}
 
 
 class NotAvailableYetError(HorovodError, NotImplementedError):
@@ -91,7 +97,7 @@ def job_env(base: Mapping[str, str], rendezvous: RendezvousInfo, extra: Mapping[
     Returns:
         A new dict; ``base`` is not modified.
     """
-    env = {k: v for k, v in base.items() if k not in LAUNCHER_VARS}
+    env = without_launcher_vars(base)
     env.update(dict(extra))
     env.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous.addr,

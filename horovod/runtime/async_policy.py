@@ -35,6 +35,7 @@ from horovod.common.bfloat16 import from_bfloat16, to_bfloat16
 from horovod.runtime import basics
 from horovod.runtime import collectives as _c
 from horovod.runtime.collectives import Average
+from horovod.runtime.compression import Compressor
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 
 __all__ = ["TOPOLOGIES", "wire_dtype_of", "to_wire", "from_wire", "average_arrays", "LocalSGD", "NesterovSGD",
@@ -57,21 +58,25 @@ def _check_count(label: str, value, minimum: int) -> int:
 
 # -- the wire: float16 / bfloat16 -----------------------------------------------------------------------------------
 
-def wire_dtype_of(compression) -> Optional[str]:
-    """The wire dtype a binding's compressor stands for: ``"float16"``, ``"bfloat16"`` or None (as is).
+_WIRE_NAMES = {"none": None, "fp16": "float16", "bf16": "bfloat16", "float16": "float16", "bfloat16": "bfloat16"}
 
-    Accepts None, the strings ``"fp16"``/``"bf16"``/``"none"`` or a binding's ``Compression.*`` class.
+
+def wire_dtype_of(compression) -> Optional[str]:
+    """The wire dtype a compressor stands for: ``"float16"``, ``"bfloat16"`` or None (as is).
+
+    Accepts None, the strings ``"none"``/``"fp16"``/``"bf16"``, or a binding's ``Compression.*`` class (its ``wire``,
+    :func:`horovod.runtime.compression.cast_compressor`).
+
+    Raises:
+        ValueError: another string, or a compressor that is not a cast to float16 or bfloat16.
     """
     if compression is None:
         return None
-    label = compression if isinstance(compression, str) else getattr(compression, "__name__", "")
-    label = label.lower()
-    if label in ("fp16", "float16", "fp16compressor"):
-        return "float16"
-    if label in ("bf16", "bfloat16", "bf16compressor"):
-        return "bfloat16"
-    if label in ("none", "nonecompressor", ""):
-        return None
+    if isinstance(compression, str) and compression.lower() in _WIRE_NAMES:
+        return _WIRE_NAMES[compression.lower()]
+    if isinstance(compression, type) and issubclass(compression, Compressor) and \
+            getattr(compression, "wire", "") in (None, "float16", "bfloat16"):
+        return compression.wire
     raise ValueError(f"unknown compression {compression!r}: use none, fp16 or bf16")
 
 

@@ -16,7 +16,9 @@ import numpy as np
 
 from horovod.runtime import basics
 from horovod.runtime.process_sets import ProcessSet, global_process_set
+from horovod.common.exceptions import UnsupportedOperationError
 from horovod.common.types import OpType, ReduceOp, Request, dtype_name
+from horovod.common.util import is_power_of_two
 from horovod.core.handles import Handle
 
 Average, Sum, Adasum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN,
@@ -127,7 +129,7 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
         size = len(_set_ranks(set_id))
         if set_id != 0:
             raise NotImplementedError("Adasum does not support non-global process sets yet")
-        if size & (size - 1):
+        if not is_power_of_two(size):
             raise NotImplementedError(f"Adasum needs a power-of-two number of ranks, not {size}")
         if not dtype.startswith("float") and dtype != "bfloat16":
             raise ValueError(f"Adasum needs floating-point tensors, not {dtype}")
@@ -257,6 +259,20 @@ def alltoall(array: np.ndarray, splits=None, **kwargs):
 
 # -- reducescatter --------------------------------------------------------------------------------------------------
 
+def check_reducescatter_op(op, ndims: Sequence[int] = ()) -> None:
+    """A reducescatter takes Sum or Average, and tensors of at least one dimension (``ndims``: their ranks).
+
+    Raises:
+        UnsupportedOperationError: another op (Adasum...), or a 0-d tensor; a ``RuntimeError``, as Horovod's.
+    """
+    if op not in (Sum, Average):
+        raise UnsupportedOperationError(f"reducescatter supports only hvd.Sum and hvd.Average, not "
+                                        f"{getattr(op, 'name', op)}")
+    if any(n == 0 for n in ndims):
+        raise UnsupportedOperationError("reducescatter cannot split a rank-zero (0-d) tensor; reshape it to (1,) "
+                                        "or use allreduce")
+
+
 def reducescatter_async(array: np.ndarray, name: Optional[str] = None, op: int = Average,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0, dtype: Optional[str] = None, *,
@@ -265,8 +281,7 @@ def reducescatter_async(array: np.ndarray, name: Optional[str] = None, op: int =
 
     Ranks below ``dim0 % size`` receive one extra row. Only Sum and Average are supported.
     """
-    if op not in (Sum, Average):
-        raise ValueError(f"reducescatter supports only hvd.Sum and hvd.Average, not {ReduceOp(op).name}")
+    check_reducescatter_op(op)
     set_id = _set_id(process_set)
     array = _contiguous(np.asarray(array))
     if array.ndim == 0:

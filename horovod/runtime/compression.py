@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Compressor", "NoneCompressor", "cast_compressor", "compression_namespace", "compress_all",
+__all__ = ["Compressor", "NoneCompressor", "cast_compressor", "dtype_name", "compression_namespace", "compress_all",
            "decompress_all", "Compression", "FP16Compressor"]
 
 
@@ -37,6 +37,8 @@ class Compressor:
 
 class NoneCompressor(Compressor):
     """No compression: the tensor travels as it is."""
+
+    wire = None     # the dtype it travels in: its own
 
     @staticmethod
     def compress(tensor):
@@ -64,7 +66,8 @@ def cast_compressor(name: str, wire_dtype, *, dtype_of: Callable[[Any], Any], is
         module: the ``__module__`` the class reports (the binding's compression module).
     Returns:
         The class; its ``compress`` returns ``(cast tensor, original dtype)``, or ``(tensor, None)`` when the tensor
-        is not floating point or already travels in ``wire_dtype``.
+        is not floating point or already travels in ``wire_dtype``; its ``wire`` is that dtype's name
+        (:func:`dtype_name`: ``"float16"``, ``"bfloat16"``), the same whichever framework made it.
     """
     def compress(tensor):
         if prepare is not None:
@@ -80,8 +83,14 @@ def cast_compressor(name: str, wire_dtype, *, dtype_of: Callable[[Any], Any], is
     compress.__doc__ = f"Cast a floating-point tensor to {wire_dtype}; returns (tensor, its dtype or None)."
     decompress.__doc__ = "Cast back to the dtype ``compress`` returned (nothing when it returned None)."
     doc = f"Send floating-point tensors as {wire_dtype}, restore their dtype after."
-    return type(name, (Compressor,), {"__doc__": doc, "__module__": module or __name__,
+    return type(name, (Compressor,), {"__doc__": doc, "__module__": module or __name__, "wire": dtype_name(wire_dtype),
                                       "compress": staticmethod(compress), "decompress": staticmethod(decompress)})
+
+
+def dtype_name(dtype) -> str:
+    """A framework's dtype object by its own name, the same in every framework: ``"float16"`` for
+    ``torch.float16``, ``tf.float16`` and ``np.dtype(np.float16)``; ``"bfloat16"`` likewise."""
+    return str(getattr(dtype, "name", dtype)).rsplit(".", 1)[-1]
 
 
 def compression_namespace(fp16: type, bf16: Optional[type] = None, module: Optional[str] = None) -> type:

@@ -28,14 +28,14 @@ import numbers
 import warnings
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
-from horovod.common.exceptions import UnsupportedOperationError
+from horovod.common.util import is_power_of_two  # noqa: F401 — part of the policy's names
 from horovod.runtime import basics
 from horovod.runtime import collectives as _c
-from horovod.runtime.collectives import Adasum, Average, Sum, resolve_op
+from horovod.runtime.collectives import Adasum, Average, Sum, check_reducescatter_op, resolve_op  # noqa: F401
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 
 __all__ = [
-    "resolve_op", "check_scale_factors", "check_optimizer_arguments", "check_sparse_op", "check_reducescatter_op",
+    "BackwardPasses", "resolve_op", "check_scale_factors", "check_optimizer_arguments", "check_sparse_op", "check_reducescatter_op",
     "is_power_of_two", "or_global", "set_size", "set_rank", "reduction_active",
     "predivide_factors", "reduction_scale", "local_gradient_scale", "aggregation_scale",
     "split_groups", "parameter_names", "PassCounter", "allreduce_groups",
@@ -99,24 +99,6 @@ def check_sparse_op(op) -> None:
                                   "workaround please pass sparse_as_dense=True to DistributedOptimizer")
     if op not in (Average, Sum):
         raise ValueError(f"sparse tensors can only be reduced with hvd.Average or hvd.Sum, not {op!r}")
-
-
-def check_reducescatter_op(op, ndims: Sequence[int] = ()) -> None:
-    """A reducescatter takes Sum or Average, and tensors of at least one dimension (``ndims``: their ranks).
-
-    Raises:
-        UnsupportedOperationError: another op (Adasum...), or a 0-d tensor; a ``RuntimeError``, as Horovod's.
-    """
-    if op not in (Sum, Average):
-        raise UnsupportedOperationError(f"reducescatter supports only hvd.Sum and hvd.Average, not {op!r}")
-    if any(n == 0 for n in ndims):
-        raise UnsupportedOperationError("reducescatter cannot split a rank-zero (0-d) tensor; reshape it to (1,) "
-                                        "or use allreduce")
-
-
-def is_power_of_two(n: int) -> bool:
-    """True when ``n`` is a power of two (Adasum's rank counts)."""
-    return n > 0 and (n & (n - 1)) == 0
 
 
 # -- process sets ---------------------------------------------------------------------------------------------------
@@ -361,3 +343,25 @@ class PassCounter:
             raise ValueError("backward_passes_per_step must be > 0")
         self.passes = backward_passes_per_step
         self.reset()
+
+
+class BackwardPasses:
+    """Mixin for an optimizer wrapper whose ``_passes`` is a :class:`PassCounter`: Horovod's
+    ``backward_passes_per_step`` property and ``set_backward_passes_per_step``, once for every optimizer."""
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        """Backward passes accumulated locally before each reduction."""
+        return self._passes.passes
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes: int) -> None:
+        self._passes.set_passes(passes)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes accumulate locally before each reduction.
+
+        Raises:
+            ValueError: ``passes`` < 1.
+        """
+        self._passes.set_passes(passes)

@@ -8,7 +8,7 @@ object; here it is :mod:`horovod.runtime.basics`, which has the same functions a
 tests call (``_basics._get_process_set_ids_and_ranks()``).
 """
 
-from horovod.common.util import get_average_backwards_compatibility_fun, num_rank_is_power_2
+from horovod.common.util import get_average_backwards_compatibility_fun, is_power_of_two
 from horovod.runtime import basics as _basics  # noqa: F401 — Horovod's mpi_ops._basics
 from horovod.runtime import collectives as _ops
 from horovod.runtime.binding_api import *  # noqa: F401,F403 — init, rank, size, op constants, process sets
@@ -20,6 +20,4 @@ __all__ = list(_binding_names) + ["handle_average_backwards_compatibility", "che
 handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_ops)
 
 
-def check_num_rank_power_of_2(num_rank: int) -> bool:
-    """Whether ``num_rank`` is a power of two (Adasum needs one)."""
-    return num_rank_is_power_2(num_rank)
+check_num_rank_power_of_2 = is_power_of_two   # Horovod's name in its bindings

@@ -1,8 +1,9 @@
 """The agent that runs inside each Spark task of a ``horovod.spark`` job.
 
 It dials the driver (:class:`horovod.runner.backends.spark.AgentServer`), authenticates with the job secret, says
-where it runs, then carries out the driver's orders: start the worker command (a child in its own session, which the
-kernel kills if the agent dies: ``PR_SET_PDEATHSIG``), forward signals to it, stream its output, report its exit, and
+where it runs, then carries out the driver's orders: start the worker command (a session of its own started as the
+runner starts every worker, :func:`horovod.runner.procgroup.start_session`: the kernel kills it if the agent dies,
+``PR_SET_PDEATHSIG``, and the agent's guardian ends what is left of it), forward signals to it, stream its output, report its exit, and
 end when told ``done`` or when the driver's connection closes. Nothing of the worker outlives the agent's task.
 
 The agent runs in Spark's Python worker, in the task's main thread; the worker process is started from that thread,
@@ -11,11 +12,9 @@ which lives as long as the agent (the parent-death signal follows the thread tha
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from typing import IO, Dict, Iterator, List, Mapping, Optional, Sequence
@@ -26,12 +25,11 @@ from horovod.common import config
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.runner.backends.spark import AGENT_PURPOSE
-from horovod.runner.pipeline import LAUNCHER_VARS
-from horovod.runner.procgroup import signal_group
+from horovod.runner.pipeline import without_launcher_vars
+from horovod.runner.procgroup import release_session, signal_group, start_session
 
 __all__ = ["AgentSpec", "run_agent", "barrier_agent", "elastic_agent", "merge_env"]
 
-_PR_SET_PDEATHSIG = 1
 _CHUNK = 64 * 1024
 
 
@@ -55,19 +53,12 @@ def merge_env(own: Mapping[str, str], planned: Mapping[str, str]) -> Dict[str, s
 
     ``PYTHONPATH`` is joined (the planned entries first), so the worker imports what the driver and the task can.
     """
-    env = {k: v for k, v in own.items() if k not in LAUNCHER_VARS}
+    env = without_launcher_vars(own)
     env.update(planned)
     paths = [p for p in (planned.get("PYTHONPATH"), own.get("PYTHONPATH")) if p]
     if paths:
         env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the agent's cleanup still kills the group
-        pass
 
 
 class _Link:
@@ -100,8 +91,7 @@ class _Worker:
 
     def __init__(self, link: _Link, argv: Sequence[str], env: Mapping[str, str]):
         self.link = link
-        self.proc = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = start_session(argv, env)   # its own session, dies with the agent, nothing of it outlives it
         self.relays: List[threading.Thread] = [
             threading.Thread(target=self._relay, args=(name, pipe), daemon=True)
             for name, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr))]
@@ -128,6 +118,7 @@ class _Worker:
         """Kill whatever is left of the worker's process group; its exit status."""
         signal_group(self.proc.pid, signal.SIGKILL)
         code = self.proc.wait()
+        release_session(self.proc.pid)     # and the groups its members made
         self.waiter.join(3.0)
         return code
 

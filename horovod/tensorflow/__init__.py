@@ -1,4 +1,5 @@
-"""``import horovod.tensorflow as hvd``: Horovod's TensorFlow 2 API (eager mode and ``tf.function``).
+"""``import horovod.tensorflow as hvd``: Horovod's TensorFlow 2 API (eager mode and ``tf.function``): the collectives
+(``mpi_ops``), ``DistributedGradientTape``, compression, broadcasts, ``SyncBatchNormalization`` and elastic state.
 
 A thin binding over :mod:`horovod.runtime`: ops convert tensors to numpy and call the core (:mod:`.mpi_ops`, which
 also registers their gradients); this package adds ``DistributedGradientTape``, the Keras ``DistributedOptimizer``
@@ -8,7 +9,7 @@ Importing it starts nothing; ``hvd.init()`` does.
 
 from horovod.runtime import binding_api
 from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, ops, process sets...)
-from horovod.runtime.gradient_policy import is_power_of_two
+from horovod.runtime.mpi_ops_names import check_num_rank_power_of_2
 from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
@@ -18,11 +19,6 @@ from horovod.tensorflow.mpi_ops import (Adasum, Average, _executing_eagerly, all
                                         grouped_allreduce, grouped_reducescatter, join, local_rank_op,
                                         local_size_op, process_set_included_op, rank_op, reducescatter, size_op)
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
-
-
-def check_num_rank_power_of_2(num_rank: int) -> bool:
-    """True when ``num_rank`` is a power of two (Adasum needs it)."""
-    return is_power_of_two(num_rank)
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",

@@ -29,7 +29,7 @@ _PENDING_ZERO_GRAD = ("optimizer.zero_grad() was called after loss.backward() bu
                       "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
 
 
-class _DistributedAdasumOptimizer:
+class _DistributedAdasumOptimizer(_policy.BackwardPasses):
     """Mixin placed before the wrapped optimizer's class; see :func:`DistributedAdasumOptimizer`."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step):
@@ -45,19 +45,6 @@ class _DistributedAdasumOptimizer:
             if p.grad is None:      # Horovod starts every gradient at zero, so a parameter unused in a pass steps too
                 p.grad = torch.zeros_like(p)
             self._hook_handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        """Backward passes accumulated locally before each local step and delta reduction."""
-        return self._passes.passes
-
-    @backward_passes_per_step.setter
-    def backward_passes_per_step(self, passes: int) -> None:
-        self._passes.set_passes(passes)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Change how many backward passes accumulate before each local step (ValueError when < 1)."""
-        self._passes.set_passes(passes)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         self._handles[p] = self._reduce_delta_async(p) if self._passes.count(id(p)) else (None, None)

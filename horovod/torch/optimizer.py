@@ -34,7 +34,7 @@ _STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize(
 _NOT_STARTED = (None, None, None)
 
 
-class _DistributedOptimizer:
+class _DistributedOptimizer(_policy.BackwardPasses):
     """Mixin placed before the wrapped optimizer's class; see :func:`DistributedOptimizer`."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
@@ -65,15 +65,6 @@ class _DistributedOptimizer:
                 self._hook_handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
 
     # -- hooks and allreduces ---------------------------------------------------------------------------------------
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        """Backward passes accumulated locally before each allreduce."""
-        return self._passes.passes
-
-    @backward_passes_per_step.setter
-    def backward_passes_per_step(self, passes: int) -> None:
-        self._passes.set_passes(passes)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         key = id(p)
@@ -200,14 +191,6 @@ class _DistributedOptimizer:
         self._passes.reset()
         self._group_ready = [0] * len(self._groups)
         self._synchronized = False
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Change how many backward passes accumulate locally before gradients are allreduced.
-
-        Raises:
-            ValueError: ``passes`` < 1.
-        """
-        self._passes.set_passes(passes)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,

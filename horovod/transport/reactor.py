@@ -187,6 +187,8 @@ class Reactor(threading.Thread):
             self._shut()
 
     def _drain_wake(self) -> None:
+        # As core.waiters.Wakeup.drain does for the engine's wake-up; the transport's floor cannot import the
+        # engine's, and this one must also survive its socket being closed at shutdown (OSError).
         try:
             while self._wake_r.recv(4096):
                 pass

@@ -107,3 +107,24 @@ def test_local_sgd_sets_progress_aside_and_loses_none_on_one_rank():
             ap.LocalSGD(period=0)
     finally:
         hvd.shutdown()
+
+
+@pytest.mark.unit
+def test_wire_dtype_of_reads_the_compressor_itself():
+    """The compressor class says its wire dtype (its dtype's own name), whatever the class is called."""
+    from horovod.runtime import compression as comp
+    renamed = comp.cast_compressor("Anything", np.dtype(np.float16), dtype_of=lambda a: a.dtype,
+                                   is_floating=lambda d: True, cast=lambda a, d: a.astype(d))
+    assert ap.wire_dtype_of(renamed) == "float16"
+    assert ap.wire_dtype_of(comp.Compression.fp16) == "float16" and ap.wire_dtype_of(comp.Compression.none) is None
+    torch = pytest.importorskip("torch")
+    from horovod.torch.compression import Compression
+    assert [ap.wire_dtype_of(c) for c in (Compression.none, Compression.fp16, Compression.bf16)] == \
+        [None, "float16", "bfloat16"]
+    assert comp.dtype_name(torch.bfloat16) == "bfloat16"
+
+    class FP16Compressor(comp.Compressor):      # Horovod's class name, but not a cast: refused
+        pass
+
+    with pytest.raises(ValueError):
+        ap.wire_dtype_of(FP16Compressor)

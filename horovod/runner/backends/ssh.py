@@ -21,7 +21,7 @@ from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_group
 from horovod.runner.backends.host_channel import HostChannel
 from horovod.runner.backends.local import start_local
 from horovod.runner.hosts import is_local_host
-from horovod.runner.pipeline import LAUNCHER_VARS
+from horovod.runner.pipeline import without_launcher_vars
 from horovod.runner.procgroup import start_session
 from horovod.runner.ssh import SshConfig, boot_command, check_hosts, remote_env, ssh_argv
 from horovod.runner.ssh_host import make_host_payload
@@ -32,7 +32,7 @@ __all__ = ["SshBackend", "launcher_environment", "rendezvous_probes"]
 def launcher_environment() -> Dict[str, str]:
     """The launcher's environment without any variable a launcher decides (never a job secret): what ssh clients
     run with."""
-    return {k: v for k, v in config.environ_snapshot().items() if k not in LAUNCHER_VARS}
+    return without_launcher_vars(config.environ_snapshot())
 
 
 def rendezvous_probes(launches: Sequence[WorkerLaunch]) -> Dict[str, List[str]]:

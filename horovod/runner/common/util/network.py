@@ -7,11 +7,11 @@ launcher and workers meet through the authenticated rendezvous store), so those 
 
 from __future__ import annotations
 
-import socket
 from typing import Callable, Iterable, List, Tuple, TypeVar
 
+from horovod.common.netaddr import interface_address, interface_names
 from horovod.runner.hosts import is_local_host
-from horovod.runner.network import interface_address, resolve_host
+from horovod.runner.network import resolve_host
 
 __all__ = ["resolve_host_address", "filter_local_addresses", "get_local_host_addresses", "get_local_intfs",
            "find_port"]
@@ -35,7 +35,7 @@ def filter_local_addresses(all_host_names: Iterable[str]) -> List[str]:
 
 def get_local_intfs() -> List[str]:
     """This machine's network interfaces that have an IPv4 address."""
-    return [name for _, name in socket.if_nameindex() if interface_address(name)]
+    return [name for name in interface_names() if interface_address(name)]
 
 
 def get_local_host_addresses() -> List[str]:
