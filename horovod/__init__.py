@@ -1,4 +1,5 @@
-"""horovod-py: Horovod's API for distributed data-parallel training, in Python.
+"""horovod-py, Horovod's API in Python: bindings (``torch``, ``tensorflow``, ``keras``, ``jax``, ``numpy``), ``elastic``,
+the launchers (``runner``, ``ray``, ``spark``) and the engine under them (``runtime``, ``core``, ``algorithms``, ...).
 
 ``import horovod.torch as hvd`` (or ``horovod.numpy``, ``horovod.tensorflow``) gives the framework binding;
 ``horovod.run(func, np=N)`` runs a function on N workers and returns their results.

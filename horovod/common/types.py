@@ -25,6 +25,8 @@ class ReduceOp(enum.IntEnum):
 
 
 class OpType(enum.IntEnum):
+    """The kind of a collective request: which operation the engine runs for it."""
+
     ALLREDUCE = 0
     ALLGATHER = 1
     BROADCAST = 2
@@ -85,11 +87,13 @@ class Request(NamedTuple):
     payload: Optional[Tuple[int, ...]] = None  # process-set ranks for ADD/REMOVE
 
     def to_wire(self) -> tuple:
+        """The request as a tuple of primitives, for the control codec (:mod:`horovod.common.wire`)."""
         return (self.name, int(self.op), self.dtype, self.shape, int(self.reduce_op), float(self.prescale),
                 float(self.postscale), int(self.root_rank), self.splits, int(self.group), self.payload)
 
     @staticmethod
     def from_wire(data) -> "Request":
+        """The request from :meth:`to_wire`'s tuple, every field checked (ValueError when malformed)."""
         if not isinstance(data, tuple) or len(data) != len(Request._fields):
             raise ValueError("malformed request")
         r = Request(*data)
@@ -125,12 +129,14 @@ class Response(NamedTuple):
     payload: Optional[Tuple[int, ...]] = None
 
     def to_wire(self) -> tuple:
+        """The response as a tuple of primitives, for the control codec (:mod:`horovod.common.wire`)."""
         return (int(self.op), self.names, self.dtype, self.shapes, int(self.reduce_op), float(self.prescale),
                 float(self.postscale), int(self.root_rank), self.sizes, self.error, int(self.last_joined),
                 self.payload)
 
     @staticmethod
     def from_wire(data) -> "Response":
+        """The response from :meth:`to_wire`'s tuple, every field checked (ValueError when malformed)."""
         if not isinstance(data, tuple) or len(data) != len(Response._fields):
             raise ValueError("malformed response")
         r = Response(*data)
@@ -141,6 +147,7 @@ class Response(NamedTuple):
 
 
 def nbytes(dtype: str, shape: Tuple[int, ...]) -> int:
+    """Bytes of a tensor of ``dtype`` (a dtype name) and ``shape``."""
     n = numpy_dtype(dtype).itemsize
     for d in shape:
         n *= d

@@ -1,4 +1,5 @@
-"""The collective engine: negotiation, fusion and execution of named requests, one loop per process.
+"""The collective engine, one loop per process: ``engine``, ``negotiation/``, the pure ``coordinator`` and its ``decision``
+records, ``validation``, ``fusion``, ``execution``, ``handles``, ``response_cache``, ``set_state`` and ``bootstrap``.
 
 Invariants: every collective is negotiated by name and ranks may submit in any order; every rank runs the same
 negotiations and collectives in the same order, so one connection per rank pair carries everything; every wait is

@@ -1,4 +1,5 @@
-"""Elastic training, framework-agnostic: states that survive resets, and the reset-and-retry loop.
+"""Elastic training, framework-agnostic: states that survive resets (``state``), the reset-and-retry loop (``run``),
+the elastic sampler (``sampler``), and Horovod's paths ``worker`` and ``protocol``.
 
 Invariants:
     * Every rank commits, checks for host updates and resets at the same points: the host-update check is a

@@ -50,9 +50,11 @@ class ElasticIndexSampler:
         self.processed_num += count * self.num_replicas
 
     def state_dict(self) -> Dict[str, int]:
+        """The sampler's position (``epoch``, ``processed_num``), to save with the training state."""
         return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def load_state_dict(self, state_dict: Dict[str, int]) -> None:
+        """Go back to a position :meth:`state_dict` returned, and re-shard what is left of the epoch."""
         self.epoch = int(state_dict["epoch"])
         self.processed_num = int(state_dict["processed_num"])
         self.reset()

@@ -113,12 +113,15 @@ class ObjectState(State):
         self.save()
 
     def save(self) -> None:
+        """Keep a deep copy of every attribute given at construction (the commit point)."""
         self._saved_state = {attr: copy.deepcopy(getattr(self, attr)) for attr in self._saved_state}
 
     def restore(self) -> None:
+        """Set the attributes back to their last saved values."""
         self._set_attrs()
 
     def sync(self) -> None:
+        """Take rank 0's saved values (a broadcast) and set the attributes to them."""
         if self._saved_state:
             self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()

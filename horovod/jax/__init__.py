@@ -1,4 +1,5 @@
-"""``import horovod.jax as hvd``: Horovod's API on JAX arrays and pytrees, eagerly and inside ``jax.jit``.
+"""``import horovod.jax as hvd``: Horovod's API on JAX arrays and pytrees, eagerly and inside ``jax.jit``: the
+collectives (``mpi_ops``), an optax ``DistributedOptimizer``, compression, broadcasts and elastic state.
 
 A thin binding like ``horovod.torch``: leaves of a pytree become numpy buffers for the one engine
 (:mod:`horovod.runtime.collectives`) and come back as jax arrays with the same structure and dtypes. Inside

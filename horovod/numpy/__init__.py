@@ -1,4 +1,5 @@
-"""``import horovod.numpy as hvd``: Horovod's API on numpy arrays.
+"""``import horovod.numpy as hvd``: Horovod's API on numpy arrays: ``init``/``rank``/``size``, the collectives and
+their ``*_async`` handles, in-place variants, process sets, compression and object broadcasts, in this one file.
 
 The same shape as ``horovod.torch``; it is also the binding the core's own tests use. Handles returned by the
 ``*_async`` functions are :class:`horovod.core.handles.Handle` objects; ``synchronize`` returns their result.

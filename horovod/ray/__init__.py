@@ -1,4 +1,5 @@
-"""Horovod on a Ray cluster: Ray schedules the workers, Horovod moves the tensors.
+"""Horovod on a Ray cluster: Ray schedules the workers, Horovod moves the tensors. It holds ``RayExecutor`` (static),
+``ElasticRayExecutor`` (elastic) and the Ray Train ``HorovodTrainer``, with their actors and their placement.
 
 Workers are Ray actors. The driver (:class:`RayExecutor`, :class:`ElasticRayExecutor`, or the Ray Train backend of
 :class:`HorovodTrainer`) learns which Ray node each actor landed on, serves the job's rendezvous and gives each actor

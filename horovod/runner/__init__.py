@@ -1,4 +1,5 @@
-"""The launcher side of Horovod: ``horovodrun``, ``horovod.run`` and the rendezvous service.
+"""The launcher side of Horovod: ``horovodrun`` (``cli``), ``horovod.run`` (``api``), the launch pipeline and its
+backends, the rendezvous service, the supervisor, ssh, and the elastic driver (``elastic/``).
 
 Workers never import this package; they meet the launcher through the rendezvous service and ``HOROVOD_*``
 environment variables only. Names are loaded on first use, so ``python -m horovod.runner.run_task`` imports only

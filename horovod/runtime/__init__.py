@@ -1,4 +1,5 @@
-"""The worker's front door: what a training process calls, over the one engine.
+"""The worker's front door, over the one engine: ``basics`` (init/shutdown), ``context``, ``collectives``,
+``process_sets``, ``topology``, ``launch_env``, and the policy every binding shares.
 
 ``basics`` starts and stops Horovod in this process (init/shutdown/rank/size) and holds its one ``context``;
 ``collectives`` turns numpy buffers into named requests and returns handles; ``process_sets``, ``topology`` (who this

@@ -97,12 +97,15 @@ class GroupHandle(Handle):
         self.handles = handles
 
     def done(self) -> bool:
+        """Whether every handle is done."""
         return all(h.done() for h in self.handles)
 
     def wait(self, timeout=None) -> bool:
+        """Wait for every handle (``timeout`` each); whether all are done."""
         return all(h.wait(timeout) for h in self.handles)
 
     def result(self, timeout=None) -> List[Any]:
+        """Every handle's result, in order (raising the first error)."""
         return [h.result(timeout) for h in self.handles]
 
 
@@ -148,6 +151,7 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
 
 
 def allreduce(array: np.ndarray, **kwargs) -> np.ndarray:
+    """:func:`allreduce_async`, waited for: the reduced array."""
     return allreduce_async(array, **kwargs).result()
 
 
@@ -186,12 +190,14 @@ def allgather_async(array: np.ndarray, name: Optional[str] = None, process_set: 
 
 
 def allgather(array: np.ndarray, **kwargs) -> np.ndarray:
+    """:func:`allgather_async`, waited for: every rank's rows, in rank order."""
     return allgather_async(array, **kwargs).result()
 
 
 def grouped_allgather_async(arrays: Sequence[np.ndarray], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set,
                             dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
+    """Start one allgather per array, negotiated as a group (executed together); a :class:`GroupHandle`."""
     n = len(arrays)
     base = f"grouped_allgather.{name}" if name else _auto_name("grouped_allgather", process_set)
     group = _group_id(base)
@@ -222,6 +228,7 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: Optional[str] = Non
 
 
 def broadcast(array: np.ndarray, root_rank: int, **kwargs) -> np.ndarray:
+    """:func:`broadcast_async`, waited for: ``root_rank``'s array."""
     return broadcast_async(array, root_rank, **kwargs).result()
 
 
@@ -254,6 +261,7 @@ def alltoall_async(array: np.ndarray, splits=None, name: Optional[str] = None,
 
 
 def alltoall(array: np.ndarray, splits=None, **kwargs):
+    """:func:`alltoall_async`, waited for: what this rank received, and the splits it received."""
     return alltoall_async(array, splits, **kwargs).result()
 
 
@@ -296,6 +304,7 @@ def reducescatter_async(array: np.ndarray, name: Optional[str] = None, op: int =
 
 
 def reducescatter(array: np.ndarray, **kwargs) -> np.ndarray:
+    """:func:`reducescatter_async`, waited for: this rank's slice of the reduction."""
     return reducescatter_async(array, **kwargs).result()
 
 
@@ -303,6 +312,7 @@ def grouped_reducescatter_async(arrays: Sequence[np.ndarray], name: Optional[str
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0,
                                 dtypes: Optional[Sequence[Optional[str]]] = None) -> GroupHandle:
+    """Start one reducescatter per array, negotiated as a group (executed together); a :class:`GroupHandle`."""
     n = len(arrays)
     base = f"grouped_reducescatter.{name}" if name else _auto_name("grouped_reducescatter", process_set)
     group = _group_id(base)

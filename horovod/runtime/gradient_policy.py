@@ -356,6 +356,7 @@ class BackwardPasses:
 
     @backward_passes_per_step.setter
     def backward_passes_per_step(self, passes: int) -> None:
+        """Set it (ValueError when < 1)."""
         self._passes.set_passes(passes)
 
     def set_backward_passes_per_step(self, passes: int) -> None:

@@ -1,4 +1,5 @@
-"""``import horovod.torch as hvd``: Horovod's PyTorch API on CPU tensors.
+"""``import horovod.torch as hvd``: Horovod's PyTorch API on CPU tensors: the collectives with integer handles
+(``mpi_ops``), autograd, compression, ``DistributedOptimizer``, broadcasts, ``SyncBatchNorm`` and elastic state.
 
 A thin binding over :mod:`horovod.runtime`: tensors go to the core as zero-copy numpy views; this package adds
 integer handles (:mod:`.mpi_ops`), autograd (:mod:`.autograd`), compression, ``DistributedOptimizer``,

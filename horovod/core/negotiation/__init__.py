@@ -1,4 +1,5 @@
-"""Negotiation: how the ranks agree, cycle by cycle, on which named requests every member of a set executes.
+"""Negotiation: how the ranks agree, cycle by cycle, on which named requests every member of a set executes: one
+object per protocol (``peer``, ``star``, ``tree``) behind ``base.Negotiation``, and the frames they send (``frames``).
 
 Three protocols, one object each, behind :class:`~horovod.core.negotiation.base.Negotiation`: *peer* (every rank
 sends its requests to every other rank and every member decides alike; small allreduces carry their data along),

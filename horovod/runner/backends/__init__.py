@@ -1,4 +1,5 @@
-"""Backends: what starts a job's planned workers (see :mod:`.base` for the contract).
+"""Backends: what starts a job's planned workers (:mod:`.base`: the contract), one module for each way: local
+processes, ssh, ``mpirun``, Ray actors and Spark tasks.
 
 * :mod:`.local`: processes of this machine;
 * :mod:`.ssh`: local hosts' workers as processes, other hosts' through ssh and the remote bootstrap;

@@ -1,4 +1,5 @@
-"""``import horovod.tensorflow.keras as hvd``: Horovod's Keras API for Keras 3 on the TensorFlow backend.
+"""``import horovod.tensorflow.keras as hvd``: Horovod's Keras API for Keras 3 on the TensorFlow backend: the
+``DistributedOptimizer`` (``optimizer``), the training ``callbacks``, value-level collectives and elastic state.
 
 ``DistributedOptimizer`` wraps any Keras 3 optimizer (:mod:`.optimizer`); :mod:`.callbacks` holds the training
 callbacks and :mod:`.elastic` the elastic state. The value-level collectives here take and return numpy values (as

@@ -1,4 +1,5 @@
-"""``hvd.elastic`` for PyTorch: ``run``, ``TorchState``, ``ElasticSampler`` (see :mod:`horovod.elastic`).
+"""``hvd.elastic`` for PyTorch: ``run``, and what survives a reset: ``TorchState`` (``state``) and ``ElasticSampler``
+(``sampler``); see :mod:`horovod.elastic`.
 
 Importing it starts nothing. ``run`` resets with ``shutdown()`` then ``init()``, as Horovod does.
 """
