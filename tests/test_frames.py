@@ -11,7 +11,7 @@ from horovod.common.types import OpType, Request, Response
 from horovod.core.decision import Message
 from horovod.core.negotiation import frames
 from horovod.core.negotiation.frames import (GO, WANT_EVERY, WANT_NEW, WANT_NOW, FRAMES, Go, Msg, Peer, Records,
-                                             Reply, Up, Want, decode, decode_body, receive)
+                                             Reply, Up, Want, decode, decode_body, group_messages, receive)
 
 try:
     from horovod.common import wire
@@ -25,6 +25,7 @@ JOIN = Request("join", OpType.JOIN, "uint8", ())
 RESPONSE = Response(OpType.ALLREDUCE, ("a", "b"), "float32", ((3,), (2, 2)), postscale=2.0)
 ERROR = Response(OpType.ERROR, ("c",), error="shapes differ on ranks 0 and 1")
 MESSAGE = Message(False, (3, 5), (REQUEST,))
+SENT = Msg(False, (3, 5), (REQUEST,), {}).sent()
 
 RECORDS = {
     "go": GO,
@@ -34,7 +35,7 @@ RECORDS = {
     "msg-bare": Msg(True, (), (), {}),
     "reply": Reply(False, [[RESPONSE, 4], [ERROR]], None),
     "reply-with-data": Reply(True, [[1], [RESPONSE]], [[b"ab", b"cd"], None]),
-    "up": Up([([1, 3, 4], MESSAGE), ([2], Message(False, (), (JOIN,)))], [(1, {"x": b"1234"}), (4, {})]),
+    "up": Up([([1, 3, 4], SENT), ([2], Msg(False, (), (JOIN,), {}).sent())], [(1, {"x": b"1234"}), (4, {})]),
     "peer": Peer(12.5, {0: Msg(False, (3, 5), (REQUEST,), {"t": b"\x8f\x90"}), 2: Msg(True, (), (), {})}),
     "records": Records(["10.0.0.1:5000 host-a 1 - 8", "10.0.0.2:5000 host-b 1 - 8"]),
 }
@@ -138,11 +139,19 @@ def test_a_message_body_decodes_alone_and_refuses_what_is_not_one():
             decode_body(bad)
 
 
-def test_equal_messages_decode_equal():
-    # The tree lists ranks that sent the very same message together: decoded messages must compare by value.
-    one = decode(Up([([1], MESSAGE)], []).encode(), 1).groups[0][1]
-    two = decode(Msg(False, (3, 5), (REQUEST,), {}).encode(), 2).message
-    assert one == two == MESSAGE
+def test_equal_messages_compare_equal_as_sent_and_decode_equal():
+    # The tree lists ranks that sent the very same message together, comparing them as sent; rank 0 decodes them.
+    up = decode(wire.decode(wire.encode(Up([([1, 2], SENT)], []).encode())), 1)
+    assert up.groups[0][1] == Msg(False, (3, 5), (REQUEST,), {"t": b"data travels apart"}).sent()
+    assert group_messages(up.groups) == [([1, 2], MESSAGE)]
+    assert decode(Msg(False, (3, 5), (REQUEST,), {}).encode(), 2).message == MESSAGE
+
+
+@pytest.mark.parametrize("requests", [[("t",)], [None], [REQUEST.to_wire()[:-1] + ("payload",)]], ids=repr)
+def test_a_groups_requests_are_checked_in_full_where_they_are_decoded(requests):
+    up = decode(("up", [([3, 9], (False, (), requests))], []), 1)     # passed on by the ranks in between
+    with pytest.raises(HorovodInternalError, match=r"malformed negotiation message from ranks \[3, 9\]"):
+        group_messages(up.groups)
 
 
 def _calls(tree: ast.AST, method: str):

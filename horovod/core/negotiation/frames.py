@@ -1,11 +1,11 @@
 """Every control frame the engine sends between ranks, as a named record: the one file that writes and reads them.
 
-A frame travels as a plain tuple ``(kind, field, ...)``, which the control codec (:mod:`horovod.transport.wire`)
+A frame travels as a plain tuple ``(kind, field, ...)``, which the control codec (:mod:`horovod.common.wire`)
 carries as plain data only. :func:`decode` is the only reader: it checks the kind, the number of fields and every
 field's type, and anything else becomes :class:`HorovodInternalError` naming what arrived and from which rank.
-Decoding is on the path of every small allreduce, so the checks are plain loops
-(``tests/test_frames.py`` keeps them complete). Whether a frame makes sense *here* (a bit this rank's cache holds, a rank inside the job, as many contributions as
-the set has members) is the receiving protocol's to check, with what only it knows.
+Whether a frame makes sense *here* (a bit this rank's cache holds, a rank inside the job, as many contributions as
+the set has members) is the receiving protocol's to check, with what only it knows. Decoding is on the path of every
+small allreduce, so the checks are plain loops; ``tests/test_frames.py`` keeps them complete.
 
 The frames, by kind (``Frame`` is their union, :data:`FRAMES` the list):
 
@@ -20,10 +20,11 @@ The frames, by kind (``Frame`` is their union, :data:`FRAMES` the list):
   per batch None or every member's input): star, a set's first rank to every member; tree, a parent to its
   children. It starts the cycle for a rank whose message was already in.
 - ``up`` (:class:`Up`: ``groups`` = the ranks that sent one message and that message, ``datas`` = (rank, data)):
-  tree, a child to its parent, with its whole subtree's messages for the global set.
+  tree, a child to its parent, with its whole subtree's messages for the global set (rank 0 decodes the messages'
+  requests in full: :func:`group_messages`).
 - ``peer`` (:class:`Peer`: ``clock``, ``messages`` = set id -> a ``msg``'s fields): peer, every rank to every other
   rank, once a cycle.
-- ``records`` (:class:`Records`: ``texts``, every rank's start-up record): start-up of a large job, a parent to its
+- ``records`` (:class:`Records`: ``texts``, every rank's start-up record): start-up above 16 ranks, a parent to its
   children (:mod:`horovod.core.bootstrap`).
 """
 
@@ -36,7 +37,8 @@ from horovod.common.types import Request, Response
 from horovod.core.decision import Message
 
 __all__ = ["WANT_NEW", "WANT_EVERY", "WANT_NOW", "Go", "Want", "Msg", "Reply", "Up", "Peer", "Records", "GO",
-           "FRAMES", "Frame", "decode", "receive", "decode_body"]
+           "FRAMES", "Frame", "decode", "receive", "decode_body",
+           "group_messages"]
 
 WANT_NEW = 1            # tree: some rank of the subtree has had requests to negotiate for a poll interval
 WANT_EVERY = 2          # tree: every rank of the subtree has requests to negotiate (or waits for a result)
@@ -44,7 +46,7 @@ WANT_NOW = 4            # some rank needs a cycle at once (another set's request
 _WANT_ALL = WANT_NEW | WANT_EVERY | WANT_NOW
 
 Data = Dict[str, bytes]             # small allreduces' inputs, by tensor name
-Group = Tuple[List[int], Message]   # the ranks that sent one message, and the message
+Group = Tuple[List[int], tuple]     # the ranks that sent one message, and the message as sent (see Up)
 
 
 class _Malformed(ValueError):
@@ -75,10 +77,6 @@ def _requests(requests) -> Tuple[Request, ...]:
     if type(requests) is not list and type(requests) is not tuple:
         raise _Malformed("requests are not a list")
     return tuple([Request.from_wire(r) for r in requests]) if requests else ()
-
-
-def _message_wire(message: Message) -> tuple:
-    return (message.shutdown, message.hits, [r.to_wire() for r in message.requests])
 
 
 class Go(NamedTuple):
@@ -133,6 +131,10 @@ class Msg(NamedTuple):
     def message(self) -> Message:
         """What the coordinator takes from it."""
         return Message(self.shutdown, self.hits, self.requests)
+
+    def sent(self) -> tuple:
+        """The message as an :class:`Up` frame's group carries it (shutdown, hits, requests as plain data)."""
+        return (self.shutdown, self.hits, [r.to_wire() for r in self.requests])
 
     def body(self) -> tuple:
         """The fields as plain data (also what a :class:`Peer` frame holds per set)."""
@@ -209,7 +211,12 @@ class Reply(NamedTuple):
 
 class Up(NamedTuple):
     """A subtree's messages for the global set (tree: a child to its parent): ``groups`` lists together the ranks
-    that sent the very same message; ``datas`` holds (rank, small allreduces' data) for ranks that sent some."""
+    that sent the very same message; ``datas`` holds (rank, small allreduces' data) for ranks that sent some.
+
+    A group's message stays as sent (:meth:`Msg.sent`, its shape checked) until rank 0 decodes it in full with
+    :func:`group_messages`: the ranks in between only compare messages, and decoding a step's 200 uncached requests
+    at every level of the tree would cost about half a millisecond a level.
+    """
 
     groups: List[Group]
     datas: List[Tuple[int, Data]]
@@ -218,7 +225,7 @@ class Up(NamedTuple):
 
     def encode(self) -> tuple:
         """The frame as plain data."""
-        return ("up", [(ranks, _message_wire(message)) for ranks, message in self.groups], self.datas)
+        return ("up", self.groups, self.datas)
 
     @staticmethod
     def from_fields(fields: tuple) -> "Up":
@@ -226,21 +233,38 @@ class Up(NamedTuple):
         groups, datas = fields
         if type(groups) is not list or type(datas) is not list:
             raise _Malformed("groups or data are not lists")
-        decoded: List[Group] = []
+        checked: List[Group] = []
         for group in groups:
             if type(group) not in (list, tuple) or len(group) != 2:
                 raise _Malformed("a group is not (ranks, message)")
-            ranks, body = group
-            if type(body) is not tuple or len(body) != 3 or type(body[0]) is not bool:
+            ranks, sent = group
+            if type(sent) is not tuple or len(sent) != 3 or type(sent[0]) is not bool or (
+                    type(sent[2]) is not list and type(sent[2]) is not tuple):
                 raise _Malformed("a group's message is not (shutdown, hits, requests)")
-            message = Message(body[0], _ints(body[1], "cache hits"), _requests(body[2]))
-            decoded.append((list(_ints(ranks, "a group's ranks")), message))
+            _ints(sent[1], "cache hits")
+            checked.append((list(_ints(ranks, "a group's ranks")), sent))
         held = []
         for item in datas:
             if type(item) not in (list, tuple) or len(item) != 2 or type(item[0]) is not int:
                 raise _Malformed("tensor data is not (rank, data)")
             held.append((item[0], _data(item[1])))
-        return Up(decoded, held)
+        return Up(checked, held)
+
+
+def group_messages(groups: List[Group]) -> List[Tuple[List[int], Message]]:
+    """The messages of :class:`Up` groups, decoded in full (each request checked), with their ranks.
+
+    Raises:
+        HorovodInternalError: a message is malformed (it names the ranks that sent it).
+    """
+    decoded = []
+    for ranks, sent in groups:
+        try:
+            decoded.append((ranks, Message(sent[0], _ints(sent[1], "cache hits"), _requests(sent[2]))))
+        except (ValueError, TypeError) as exc:
+            raise HorovodInternalError(f"malformed negotiation message from ranks {ranks[:8]}: {exc}: "
+                                       f"{sent!r:.200}") from None
+    return decoded
 
 
 class Peer(NamedTuple):

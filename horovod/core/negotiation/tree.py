@@ -38,8 +38,8 @@ from typing import Dict, List, Optional, Tuple
 from horovod.common.exceptions import HorovodInternalError
 from horovod.core.decision import Decision
 from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop
-from horovod.core.decision import Message
-from horovod.core.negotiation.frames import GO, WANT_EVERY, WANT_NEW, WANT_NOW, Go, Reply, Up, Want, receive
+from horovod.core.negotiation.frames import (GO, WANT_EVERY, WANT_NEW, WANT_NOW, Go, Group, Reply, Up, Want,
+                                             group_messages, receive)
 from horovod.core.negotiation.star import StarNegotiation, decode_reply, message_and_data
 from horovod.core.set_state import SetState
 
@@ -47,7 +47,7 @@ log = logging.getLogger("horovod")
 
 __all__ = ["WANT_NEW", "WANT_EVERY", "WANT_NOW", "GO", "parent", "children", "TreeNegotiation"]
 
-Groups = List[Tuple[List[int], Message]]
+Groups = List[Group]
 _GO_WIRE = GO.encode()
 _GO_ONLY = (Go,)
 _GO_OR_REPLY = (Go, Reply)
@@ -259,7 +259,7 @@ class TreeNegotiation(StarNegotiation):
         """This rank's message merged with its children's (in the cycle: read now if not in before), and the
         small allreduces' data of the whole subtree."""
         msg = message_and_data(state, shutdown, relay=True)
-        groups: Groups = [([self.loop.rank], msg.message)]
+        groups: Groups = [([self.loop.rank], msg.sent())]
         datas = [(self.loop.rank, msg.data)] if msg.data else []
         for child in self._children:
             up = self._early.get(child)
@@ -283,7 +283,7 @@ class TreeNegotiation(StarNegotiation):
         seen = sum(len(ranks) for ranks, _ in groups)
         if seen != self.loop.size or len({r for ranks, _ in groups for r in ranks}) != self.loop.size:
             raise HorovodInternalError(f"rank 0 gathered negotiation messages for {seen} ranks of {self.loop.size}")
-        batches, stop, reports = state.coordinator.step_groups(groups, time.monotonic())
+        batches, stop, reports = state.coordinator.step_groups(group_messages(groups), time.monotonic())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (tree): %s", [n for b in batches for r in b for n in r.names])
         if self.loop.timeline is not None:
