@@ -106,3 +106,9 @@ def test_every_package_has_a_floor(modules):
 def test_a_package_without_a_floor_is_reported(tmp_path):
     mods = _package(tmp_path, {"newpackage/thing.py": "from pkg.common import util\n", "common/util.py": ""})
     assert ("pkg.newpackage.thing", "pkg.common.util") in house.layer_violations(mods)
+
+
+def test_horovods_public_paths_are_imported_by_nothing_here(modules):
+    """The re-exporting files serve code written for Horovod; the package itself imports the real modules."""
+    paths = {importer for importer, _ in floors.EXCEPTIONS} | {"horovod.elastic.worker", "horovod.elastic.protocol"}
+    assert not [(m.name, t) for m in modules.values() for t in m.imports if t in paths]
