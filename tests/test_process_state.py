@@ -15,9 +15,12 @@ KEPT = {
     ("horovod.runtime.launch_env", "_served"),          # rank 0's rendezvous servers, reused by a re-init
 }
 
+# Not a worker's per-process state: the launchers, the house checks and the test helpers.
+_LAUNCHER_SIDE = ("horovod.runner", "horovod.spark", "horovod.ray", "horovod.tools", "horovod.testing")
+
 
 def _snapshot():
-    """Every module-level value of the worker's modules, as something comparable."""
+    """Every module-level value of the worker's loaded modules, as something comparable."""
     import copy
     import logging
     import sys
@@ -25,8 +28,7 @@ def _snapshot():
     from horovod.runtime.process_sets import ProcessSet
     seen = {}
     for name, module in sorted(sys.modules.items()):
-        if not (name.startswith(("horovod.runtime", "horovod.core", "horovod.numpy"))
-                or name in ("horovod.timeline", "horovod.autotune")) or module is None:
+        if not name.startswith("horovod") or name.startswith(_LAUNCHER_SIDE) or module is None:
             continue
         for attr, value in vars(module).items():
             if attr.startswith("__") or isinstance(value, (types.ModuleType, types.FunctionType, type,
