@@ -49,6 +49,9 @@ Data = Dict[str, bytes]             # small allreduces' inputs, by tensor name
 Group = Tuple[List[int], tuple]     # the ranks that sent one message, and the message as sent (see Up)
 
 
+_new = tuple.__new__   # builds a record from checked fields without its constructor's extra call (hot path)
+
+
 class _Malformed(ValueError):
     """A field of a frame has the wrong type (turned into HorovodInternalError by :func:`decode`)."""
 
@@ -150,7 +153,17 @@ class Msg(NamedTuple):
         shutdown, hits, requests, data = fields
         if type(shutdown) is not bool:
             raise _Malformed("shutdown is not a bool")
-        return Msg(shutdown, _ints(hits, "cache hits"), _requests(requests), _data(data))
+        if type(hits) is tuple:     # as encoders send them: checked in place
+            for bit in hits:
+                if type(bit) is not int:
+                    raise _Malformed("cache hits are not integers")
+        else:
+            hits = _ints(hits, "cache hits")
+        return _new(Msg, (shutdown, hits, _requests(requests) if requests or type(requests) not in (list, tuple)
+                          else (), _data(data)))
+
+
+_msg_from_fields = Msg.from_fields
 
 
 def decode_body(body) -> Msg:
@@ -206,7 +219,7 @@ class Reply(NamedTuple):
                     for data in inputs:
                         if type(data) is not bytes:
                             raise _Malformed("a batch's contributions are not bytes")
-        return Reply(stop, decoded, contributions)
+        return _new(Reply, (stop, decoded, contributions))
 
 
 class Up(NamedTuple):
@@ -248,7 +261,7 @@ class Up(NamedTuple):
             if type(item) not in (list, tuple) or len(item) != 2 or type(item[0]) is not int:
                 raise _Malformed("tensor data is not (rank, data)")
             held.append((item[0], _data(item[1])))
-        return Up(checked, held)
+        return _new(Up, (checked, held))
 
 
 def group_messages(groups: List[Group]) -> List[Tuple[List[int], Message]]:
@@ -289,8 +302,8 @@ class Peer(NamedTuple):
         for set_id, body in messages.items():
             if type(set_id) is not int or type(body) is not tuple or len(body) != Msg.ARITY:
                 raise _Malformed(f"the message for set {set_id!r:.20} is not 4 fields")
-            decoded[set_id] = Msg.from_fields(body)
-        return Peer(clock, decoded)
+            decoded[set_id] = _msg_from_fields(body)
+        return _new(Peer, (clock, decoded))
 
 
 class Records(NamedTuple):
