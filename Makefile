@@ -35,8 +35,13 @@ $(VENV)/.demo-installed: pyproject.toml Makefile
 sysdeps:
 	bash scripts/system-deps.sh
 
+# Two phases: most tests wait on processes, sockets and timeouts rather than compute, so three run at once on two
+# cores; the tests that bound a time or load the whole machine (marker serial) run after them, one at a time.
+TEST_WORKERS ?= 3
+
 test: venv sysdeps
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -p xdist -n $(TEST_WORKERS) -m "not serial" tests
+	$(BIN)/python -m pytest -q -m serial tests
 
 # Repeated trials of the tests that hunt rare failures (one trial each runs in make test).
 soak: venv sysdeps

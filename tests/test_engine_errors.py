@@ -103,6 +103,7 @@ def _stall(marker):
     return error, records
 
 
+@pytest.mark.serial
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation", ["peer", "star"])
 def test_stall_warning_names_tensor_and_missing_rank_then_fails_it(tmp_path, negotiation):
@@ -205,6 +206,7 @@ def test_ranks_with_different_algorithm_settings_refuse_to_start(tmp_path):
 @pytest.mark.ranks
 @pytest.mark.parametrize("transport_env", [{"HOROVOD_SHM_DISABLE": "1"}, {"HOROVOD_SHM_MIN_BYTES": "0"}],
                          ids=["tcp", "shm"])
+@pytest.mark.serial
 def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path, transport_env):
     script = tmp_path / "death.py"
     script.write_text(DEATH_SCRIPT)
@@ -277,6 +279,7 @@ def _after_peer_shutdown():
         hvd.shutdown()
 
 
+@pytest.mark.serial
 @pytest.mark.ranks
 def test_collectives_after_another_rank_shut_down_fail_instead_of_hanging():
     first, second = spawn_ranks(_after_peer_shutdown, 2, timeout=60)
@@ -296,6 +299,7 @@ def _busy_partner():
     return value
 
 
+@pytest.mark.serial
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation", ["peer", "star"])
 def test_a_rank_busy_in_its_own_code_is_not_taken_for_dead(negotiation):

@@ -39,7 +39,7 @@ from horovod.runner.launch import LaunchConfig, launch_local, package_pythonpath
 from horovod.runner.rendezvous import rendezvous_service
 from horovod.testing import spawn_ranks
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.serial]
 
 TRIALS = int(os.environ.get("HVD_SOAK_TRIALS", "1"))
 CROWD = 200          # idle connections per listener

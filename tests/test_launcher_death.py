@@ -21,7 +21,7 @@ import pytest
 
 from horovod.testing.fixtures import process_alive
 
-pytestmark = pytest.mark.cli
+pytestmark = [pytest.mark.cli, pytest.mark.serial]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GONE_WITHIN = 10.0

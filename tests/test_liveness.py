@@ -21,6 +21,8 @@ import pytest
 from horovod.testing import spawn_ranks
 from horovod.transport.mesh import watch_liveness
 
+pytestmark = pytest.mark.serial
+
 
 @pytest.mark.unit
 def test_liveness_probes_are_set_on_tcp_connections():

@@ -19,7 +19,7 @@ import pytest
 
 from horovod.testing.netns import NetnsCluster, unavailable_reason
 
-pytestmark = pytest.mark.cli
+pytestmark = [pytest.mark.cli, pytest.mark.serial]
 
 _REASON = unavailable_reason()
 if _REASON is not None:

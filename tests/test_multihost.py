@@ -18,7 +18,7 @@ import pytest
 from horovod.testing.fixtures import run_horovodrun
 from horovod.testing.netns import NetnsCluster, unavailable_reason
 
-pytestmark = pytest.mark.cli
+pytestmark = [pytest.mark.cli, pytest.mark.serial]
 
 _REASON = unavailable_reason()
 if _REASON is not None:

@@ -206,6 +206,7 @@ def _stop(proc) -> None:
     proc.wait()
 
 
+@pytest.mark.serial
 @pytest.mark.cli
 def test_a_rank_writing_200_mib_without_a_newline_keeps_the_launcher_small(tmp_path):
     (tmp_path / "flood.py").write_text(NO_NEWLINE)
@@ -245,6 +246,7 @@ PROGRESS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.serial
 @pytest.mark.cli
 def test_a_progress_bar_redrawn_with_carriage_returns_shows_while_the_rank_runs(tmp_path):
     (tmp_path / "bar.py").write_text(PROGRESS)

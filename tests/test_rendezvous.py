@@ -151,6 +151,7 @@ def _signed_request(secret, method, path, body=b""):
     return (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
 
 
+@pytest.mark.serial
 def test_a_thousand_workers_registering_at_once_cost_sockets_not_threads(server):
     """1,024 clients connect at once, each registers and waits for everyone's records in one request: every one is
     answered with all 1,024 records, from the server's one thread, with bounded memory."""

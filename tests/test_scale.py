@@ -17,6 +17,8 @@ from horovod.core.negotiation.tree import children, parent
 from horovod.testing import spawn_ranks
 from horovod.testing.fixtures import run_horovodrun
 
+pytestmark = pytest.mark.serial
+
 STEPS = 10
 TENSORS = 200
 

@@ -149,6 +149,7 @@ def _interrupted_wait():
     return out
 
 
+@pytest.mark.serial
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation", NEGOTIATIONS)
 def test_interrupting_a_waiting_caller_that_runs_the_loop_keeps_the_job_whole(negotiation):

@@ -27,11 +27,16 @@ TIERS = {
     "ranks": "functions on N real processes via spawn_ranks",
     "cli": "the real horovodrun command line in a subprocess",
 }
+# Across the tiers: tests that bound a time, load the machine with dozens of ranks or hold a machine-wide resource (a
+# Ray cluster, a second local user) run in the suite's second phase, alone; everything else runs in parallel first
+# (``make test``: ``pytest -n 3 -m "not serial"``, then ``pytest -m serial``).
+SERIAL = "serial: bounds a time or loads the whole machine; `make test` runs it after the parallel phase, alone"
 
 
 def pytest_configure(config):  # noqa: D103 — pytest hook
     for name, doc in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    config.addinivalue_line("markers", SERIAL)
 
 
 def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook

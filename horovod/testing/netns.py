@@ -15,7 +15,9 @@ what is missing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import random
 import shutil
@@ -35,6 +37,14 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
+
+
+@contextlib.contextmanager
+def _subnet_lock():
+    """Held while a cluster picks its subnet and claims it on its bridge (an flock, released when the file closes)."""
+    with open(os.path.join(tempfile.gettempdir(), "hvd-netns-subnets.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def unavailable_reason() -> Optional[str]:
@@ -92,9 +102,10 @@ class NetnsCluster:
         try:
             self.dir = tempfile.mkdtemp(prefix="hvd-netns-")
             os.chmod(self.dir, 0o700)
-            self.subnet = self._free_subnet()
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
-            _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+            with _subnet_lock():     # clusters of parallel test runners must not pick the same free subnet
+                self.subnet = self._free_subnet()
+                _run("ip", "link", "add", self.bridge, "type", "bridge")
+                _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
             for index in range(self.count):
                 self._add_host(index)

@@ -28,7 +28,7 @@ import pytest
 
 from conftest import ElasticRun
 
-pytestmark = pytest.mark.cli
+pytestmark = [pytest.mark.cli, pytest.mark.serial]
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos_worker.py")
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]

@@ -11,7 +11,7 @@ import pytest
 from horovod.testing.netns import NetnsCluster, unavailable_reason
 from test_elastic_cli import check_history
 
-pytestmark = [pytest.mark.cli, pytest.mark.slow]
+pytestmark = [pytest.mark.cli, pytest.mark.slow, pytest.mark.serial]
 
 _REASON = unavailable_reason()
 if _REASON is not None:

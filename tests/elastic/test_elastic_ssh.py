@@ -27,6 +27,7 @@ def _wait_for(predicate, timeout, what):
         time.sleep(0.02)
 
 
+@pytest.mark.serial
 def test_remote_worker_killed_training_goes_on_on_the_other_host(elastic_run):
     started = time.monotonic()
     with NetnsCluster(2) as cluster:

@@ -19,7 +19,7 @@ from ray_clusters import add_node, multinode_ray
 ray = pytest.importorskip("ray")
 from horovod.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.serial]
 
 EPOCHS = 5
 KILL_EPOCH = 1

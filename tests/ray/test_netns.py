@@ -22,7 +22,7 @@ from horovod.testing.netns import NetnsCluster, unavailable_reason
 from ray_clusters import EXAMPLES, HERE, ROOT, TOKEN
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.cli
+pytestmark = [pytest.mark.cli, pytest.mark.serial]
 
 _REASON = unavailable_reason()
 if _REASON is not None:
