@@ -29,15 +29,15 @@ def names(batches):
 
 def test_ready_only_when_every_rank_submitted():
     c = coordinator(3)
-    batches, stop, _ = c.step([msg(req("a")), msg(), msg(req("a"))], now=0.0)
+    batches, stop, _, _ = c.step([msg(req("a")), msg(), msg(req("a"))], now=0.0)
     assert batches == [] and not stop
-    batches, _, _ = c.step([msg(), msg(req("a")), msg()], now=0.1)
+    batches, _, _, _ = c.step([msg(), msg(req("a")), msg()], now=0.1)
     assert names(batches) == [["a"]]
 
 
 def test_ranks_may_submit_in_any_order_and_ready_tensors_fuse():
     c = coordinator(2)
-    batches, _, _ = c.step([msg(req("a"), req("b")), msg(req("b"), req("a"))], now=0.0)
+    batches, _, _, _ = c.step([msg(req("a"), req("b")), msg(req("b"), req("a"))], now=0.0)
     assert names(batches) == [["a", "b"]]
 
 
@@ -45,7 +45,7 @@ def test_fusion_respects_threshold_dtype_and_op():
     c = coordinator(2, threshold=32)
     reqs = [req("a", (4,)), req("b", (4,)), req("c", (4,)), req("d", (4,), dtype="float64"),
             req("e", (4,), reduce_op=ReduceOp.MAX)]
-    batches, _, _ = c.step([msg(*reqs), msg(*reqs)], now=0.0)
+    batches, _, _, _ = c.step([msg(*reqs), msg(*reqs)], now=0.0)
     assert names(batches) == [["a", "b"], ["c"], ["d"], ["e"]]
 
 
@@ -57,9 +57,9 @@ def test_zero_threshold_disables_fusion():
 def test_groups_stay_together_and_wait_for_each_other():
     c = coordinator(2, threshold=8)
     g = dict(group=7, payload=(2,))
-    batches, _, _ = c.step([msg(req("x1", **g)), msg(req("x1", **g))], now=0.0)
+    batches, _, _, _ = c.step([msg(req("x1", **g)), msg(req("x1", **g))], now=0.0)
     assert batches == []
-    batches, _, _ = c.step([msg(req("x2", **g)), msg(req("x2", **g))], now=0.0)
+    batches, _, _, _ = c.step([msg(req("x2", **g)), msg(req("x2", **g))], now=0.0)
     assert names(batches) == [["x1", "x2"]]    # one batch although larger than the threshold
 
 
@@ -71,7 +71,7 @@ def test_groups_stay_together_and_wait_for_each_other():
 ])
 def test_mismatch_names_tensor_field_and_ranks(field, kwargs, text):
     c = coordinator(2)
-    batches, _, _ = c.step([msg(req("t")), msg(req("t", **kwargs))], now=0.0)
+    batches, _, _, _ = c.step([msg(req("t")), msg(req("t", **kwargs))], now=0.0)
     (response,), = batches
     assert response.op == OpType.ERROR
     assert "'t'" in response.error and text in response.error
@@ -81,48 +81,48 @@ def test_mismatch_names_tensor_field_and_ranks(field, kwargs, text):
 def test_broadcast_root_mismatch():
     c = coordinator(2)
     b = dict(op=OpType.BROADCAST)
-    batches, _, _ = c.step([msg(req("t", root_rank=0, **b)), msg(req("t", root_rank=1, **b))], now=0.0)
+    batches, _, _, _ = c.step([msg(req("t", root_rank=0, **b)), msg(req("t", root_rank=1, **b))], now=0.0)
     assert "root rank" in batches[0][0].error
 
 
 def test_allgather_carries_first_dims_and_checks_trailing():
     c = coordinator(2)
     ag = dict(op=OpType.ALLGATHER)
-    batches, _, _ = c.step([msg(req("g", (2, 3), **ag)), msg(req("g", (5, 3), **ag))], now=0.0)
+    batches, _, _, _ = c.step([msg(req("g", (2, 3), **ag)), msg(req("g", (5, 3), **ag))], now=0.0)
     assert batches[0][0].sizes == ((2, 5),)
-    batches, _, _ = c.step([msg(req("h", (2, 3), **ag)), msg(req("h", (2, 4), **ag))], now=0.0)
+    batches, _, _, _ = c.step([msg(req("h", (2, 3), **ag)), msg(req("h", (2, 4), **ag))], now=0.0)
     assert "trailing dimensions" in batches[0][0].error
 
 
 def test_alltoall_splits_matrix():
     c = coordinator(2)
     a = dict(op=OpType.ALLTOALL)
-    batches, _, _ = c.step([msg(req("a", (3,), splits=(1, 2), **a)), msg(req("a", (2,), splits=(2, 0), **a))], 0.0)
+    batches, _, _, _ = c.step([msg(req("a", (3,), splits=(1, 2), **a)), msg(req("a", (2,), splits=(2, 0), **a))], 0.0)
     assert batches[0][0].sizes == ((1, 2), (2, 0))
 
 
 def test_join_makes_allreduce_ready_and_rejects_allgather():
     c = coordinator(2)
-    batches, _, _ = c.step([msg(req("j", op=OpType.JOIN)), msg(req("a"), req("g", (1,), op=OpType.ALLGATHER))], 0.0)
+    batches, _, _, _ = c.step([msg(req("j", op=OpType.JOIN)), msg(req("a"), req("g", (1,), op=OpType.ALLGATHER))], 0.0)
     flat = [r for b in batches for r in b]
     assert flat[0].names == ("a",) and flat[0].error is None
     assert flat[1].op == OpType.ERROR and "not supported with Join" in flat[1].error
-    batches, _, _ = c.step([msg(), msg(req("j", op=OpType.JOIN))], 0.0)
+    batches, _, _, _ = c.step([msg(), msg(req("j", op=OpType.JOIN))], 0.0)
     assert batches[-1][0].op == OpType.JOIN and batches[-1][0].last_joined == 1
 
 
 def test_shutdown_flag_from_any_rank():
     c = coordinator(2)
-    _, stop, _ = c.step([msg(), msg(shutdown=True)], 0.0)
+    _, stop, _, _ = c.step([msg(), msg(shutdown=True)], 0.0)
     assert stop
 
 
 def test_stall_report_names_missing_ranks_and_shutdown_time_fails_tensor():
     c = coordinator(3, stall_warning=5.0, stall_shutdown=10.0)
     c.step([msg(req("s")), msg(), msg(req("s"))], now=0.0)
-    _, _, reports = c.step([msg(), msg(), msg()], now=6.0)
+    _, _, reports, _ = c.step([msg(), msg(), msg()], now=6.0)
     assert [(r.name, r.missing_ranks) for r in reports] == [("s", (1,))]
-    batches, _, _ = c.step([msg(), msg(), msg()], now=11.0)
+    batches, _, _, _ = c.step([msg(), msg(), msg()], now=11.0)
     assert batches[0][0].op == OpType.ERROR and "stalled" in batches[0][0].error
 
 
@@ -131,7 +131,7 @@ def test_cache_hits_travel_as_bits_and_decode_identically():
     worker_cache = ResponseCache(16)
     last = {}
     r = req("w")
-    batches, _, _ = c.step([msg(r), msg(r)], 0.0)
+    batches, _, _, _ = c.step([msg(r), msg(r)], 0.0)
     executed = [x for b in batches for x in b]
     c.cache.record(executed)
     worker_cache.record(executed)
@@ -139,7 +139,7 @@ def test_cache_hits_travel_as_bits_and_decode_identically():
     hits, full = split_hits(worker_cache, last, [r, req("new")])
     assert hits == [worker_cache.bit("w")] and [f.name for f in full] == ["new"]
     chits, _ = split_hits(c.cache, last, [r])
-    batches, _, _ = c.step([msg(hits=chits), msg(hits=hits)], 0.0)
+    batches, _, _, _ = c.step([msg(hits=chits), msg(hits=hits)], 0.0)
     assert names(batches) == [["w"]]
     assert worker_cache.cached_bit(batches[0][0]) == c.cache.cached_bit(batches[0][0]) is not None
 
@@ -184,7 +184,7 @@ class _Ranks:
         for i, requests in enumerate(per_rank):
             hits, full = split_hits(self.caches[i], self.last[i], list(requests))
             messages.append(msg(*full, hits=hits))
-        batches, stop, reports = self.c.step(messages, now)
+        batches, stop, reports, _ = self.c.step(messages, now)
         executed = [r for b in batches for r in b]
         for cache in self.caches:
             cache.record(executed)
@@ -257,7 +257,7 @@ def test_peer_negotiation_members_decide_alike_from_the_same_messages():
     for clock, messages in enumerate(sequence * 3):
         outputs = []
         for member, cache in zip(members, caches):
-            batches, stop, reports = member.step(messages, float(clock))
+            batches, stop, reports, _ = member.step(messages, float(clock))
             cache.record([r for b in batches for r in b])
             outputs.append(([[r.to_wire() for r in b] for b in batches], stop,
                             [(s.name, s.missing_ranks) for s in reports]))

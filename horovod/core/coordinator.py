@@ -72,7 +72,7 @@ class Coordinator:
 
         Returns:
             the batches to execute in order (lists of responses), whether the job shuts down, the stall reports
-            due now
+            due now, and the requests that arrived (for the timeline)
         """
         return self.step_groups([((index,), message) for index, message in enumerate(messages)], now)
 
@@ -103,7 +103,7 @@ class Coordinator:
         if self._joined and len(self._joined) == self.size:
             batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
             self._joined.clear()
-        return _new_decision(Decision, (batches, shutdown, reports))
+        return _new_decision(Decision, (batches, shutdown, reports, self.arrivals))
 
     def set_fusion_threshold(self, fusion_threshold: int) -> None:
         """Plan fusion up to ``fusion_threshold`` bytes from the next cycle on (autotune's choice)."""

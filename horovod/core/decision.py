@@ -45,10 +45,12 @@ class Decision(NamedTuple):
     ``batches`` run in order on every member (the coordinator's are lists of responses; a negotiation returns
     :class:`horovod.core.negotiation.base.Batch` records, which may carry the data that came with it);
     ``shutdown``: the job stops after this cycle; ``stalls``: the stall inspector's reports due now (non-empty only
-    where they are to be logged: on the set's first rank).
+    where they are to be logged: on the set's first rank); ``arrivals``: (name, op, global rank) of each request the
+    coordinator saw in this cycle, for the timeline (empty where no coordinator ran, or no timeline reads them).
     """
 
     batches: List
     shutdown: bool
     stalls: Sequence[StallReport] = ()
+    arrivals: Sequence[Tuple[str, int, int]] = ()
 

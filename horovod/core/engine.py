@@ -378,6 +378,8 @@ class Engine:
             decision = self.negotiation.negotiate(state, self._shutdown if set_id == 0 else False)
             if decision.stalls:
                 report_stalls(decision.stalls)
+            if self.timeline is not None:     # (rank 0's, which coordinates every set it is in)
+                self.timeline.negotiated(set_id, decision.arrivals, [b.responses for b in decision.batches])
             self._executor.run(state, decision.batches)
             if decision.shutdown:
                 return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence
+from typing import Dict, List, NamedTuple, Optional, Protocol, Sequence
 
 from horovod.common.types import Response
 from horovod.core.decision import Decision, StallReport
@@ -40,7 +40,6 @@ class Loop(Protocol):
     rank: int
     size: int
     transport: Transport
-    timeline: Any                   # horovod.timeline.Timeline, or None
     sets: Dict[int, SetState]       # by id; changed only between cycles, by the loop itself
     waiters: Waiters
     wake: Wakeup
@@ -83,7 +82,7 @@ class Negotiation(abc.ABC):
     @abc.abstractmethod
     def negotiate(self, state: SetState, shutdown: bool) -> Decision:
         """One process set's negotiation in the cycle that started: what the engine executes (batches in order,
-        whether the job shuts down, the stall reports to log)."""
+        whether the job shuts down, the stall reports to log, the arrivals for the timeline)."""
 
     def wake_on_wait(self) -> bool:
         """Whether a thread starting to wait on a handle must wake the loop (a cycle or a message may be due)."""

@@ -196,13 +196,11 @@ class PeerNegotiation(Negotiation):
             if position == 0:
                 clock = sent_at     # stall times by one clock, so that every member decides alike
             messages.append(message)
-        batches, stop, reports = state.coordinator.step(messages, clock)
+        batches, stop, reports, arrivals = state.coordinator.step(messages, clock)
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (peer) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
-        if self.loop.timeline is not None:
-            self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
         return Decision(self.held.batches(state.id, len(state.ranks), batches), stop,
-                        reports if state.index == 0 else ())    # every member decides; the first one reports
+                        reports if state.index == 0 else (), arrivals)    # every member decides; the first reports
 
     def _message(self, state: SetState, position: int, rank: int) -> Tuple[Message, float]:
         """The message of the member at ``position`` (global ``rank``) and its clock; its data is held."""

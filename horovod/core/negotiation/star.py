@@ -104,16 +104,14 @@ class StarNegotiation(Negotiation):
             self.held.hold(0, 0, _relayed(state, requests))
         for position, peer in enumerate(state.ranks[1:], 1):
             messages.append(self._hold(state, position, self._recv_message(state, peer)))
-        batches, stop, reports = state.coordinator.step(messages, time.monotonic())
+        batches, stop, reports, arrivals = state.coordinator.step(messages, time.monotonic())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (star) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
-        if self.loop.timeline is not None:
-            self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
         decided, reply = self._reply_with_data(state, stop, batches)
         wire = reply.encode()
         for peer in state.ranks[1:]:
             self.loop.transport.send_obj(peer, wire)
-        return Decision(decided, stop, reports)
+        return Decision(decided, stop, reports, arrivals)
 
     def _reply_with_data(self, state: SetState, stop: bool, batches) -> Tuple[List[Batch], Reply]:
         """The decided batches, those whose every member's data is held split off to be folded, and the reply that

@@ -283,16 +283,14 @@ class TreeNegotiation(StarNegotiation):
         seen = sum(len(ranks) for ranks, _ in groups)
         if seen != self.loop.size or len({r for ranks, _ in groups for r in ranks}) != self.loop.size:
             raise HorovodInternalError(f"rank 0 gathered negotiation messages for {seen} ranks of {self.loop.size}")
-        batches, stop, reports = state.coordinator.step_groups(group_messages(groups), time.monotonic())
+        batches, stop, reports, arrivals = state.coordinator.step_groups(group_messages(groups), time.monotonic())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (tree): %s", [n for b in batches for r in b for n in r.names])
-        if self.loop.timeline is not None:
-            self.loop.timeline.negotiated(state.id, state.coordinator.arrivals, batches)
         decided, reply = self._reply_with_data(state, stop, batches)
         wire = reply.encode()
         for child in self._children:
             self._send(child, wire)
-        return Decision(decided, stop, reports)
+        return Decision(decided, stop, reports, arrivals)
 
     def _send(self, peer: int, frame) -> None:
         self.frames += 1
