@@ -1,7 +1,7 @@
-"""Small allreduces whose data travels inside peer negotiation frames (no data phase of their own).
+"""Small allreduces whose data travels inside negotiation frames (no data phase of their own).
 
-Every member folds the contributions itself, so what must hold is: the results match numpy, every rank gets the
-same bits, and a batch for which some member sent no data (its frame was full, it joined, it sent the request in
+Under peer negotiation every member folds the contributions itself; under star and tree rank 0 folds them and its
+reply carries the results. What must hold is: the results match numpy, every rank gets the same bits, and a batch for which some member sent no data (its frame was full, it joined, it sent the request in
 an earlier frame without data) takes the ordinary path with the same answer.
 """
 
@@ -22,12 +22,14 @@ def _small_and_large():
     from horovod.core import execution
     from horovod.core.negotiation import inline
     folded = []
-    fold = execution.allreduce_contributions
 
-    def counted(response, *args):
-        folded.extend(response.names)
-        return fold(response, *args)
-    execution.allreduce_contributions = counted
+    def counted(fold):
+        def count(response, *args):
+            folded.extend(response.names)
+            return fold(response, *args)
+        return count
+    execution.allreduce_contributions = counted(execution.allreduce_contributions)
+    execution.allreduce_folded = counted(execution.allreduce_folded)
     inline.INLINE_FRAME_BYTES = 4096     # 4 tensors of 1 KiB a frame: a burst of 40 cannot fit
     hvd.init()
     me = hvd.rank()
@@ -67,8 +69,8 @@ def _small_and_large():
 @pytest.mark.parametrize("negotiation,size", [("peer", 2), ("peer", 3), ("star", 3), ("star", 5), ("tree", 3),
                                               ("tree", 6)])
 def test_allreduces_that_travel_with_the_negotiation_match_numpy_and_agree_bitwise(negotiation, size):
-    # Under star and tree negotiation the data goes to rank 0 with the messages (up the tree) and every member's
-    # contributions come back with the reply; every rank folds them alike.
+    # Under star and tree negotiation the data goes to rank 0 with the messages (up the tree) and the results rank 0
+    # folded come back with the reply.
     results = spawn_ranks(_small_and_large, size, timeout=120, env={"HOROVOD_NEGOTIATION": negotiation})
     assert all(out["negotiation"] == negotiation for out in results)
     for out in results:

@@ -21,7 +21,7 @@ from horovod.core import fusion
 from horovod.core.decision import FATAL_ERROR
 from horovod.core.deadlock import DEADLOCK_PREFIX
 from horovod.core.negotiation.base import Batch
-from horovod.core.negotiation.inline import allreduce_contributions
+from horovod.core.negotiation.inline import allreduce_contributions, allreduce_folded
 from horovod.core.ops import Buffers, Entry, execute
 from horovod.core.set_state import SetState
 from horovod.transport.mesh import DescriptorLimitError
@@ -80,10 +80,11 @@ class Executor:
         tl = self.timeline
         if tl is not None:
             tl.start(response)
-        if batch.contributions is not None:
+        if batch.folded is not None or batch.contributions is not None:
             if tl is not None:
                 tl.activity(response, "NEGOTIATED_DATA_ALLREDUCE")
-            results = allreduce_contributions(response, entries, batch.contributions, self.buffers)
+            results = allreduce_folded(response, entries, batch.folded) if batch.folded is not None else \
+                allreduce_contributions(response, entries, batch.contributions, self.buffers)
         else:
             patience = getattr(state.group.transport, "patience", None)
             if patience is not None:     # so that a wait on a busy peer names the collective

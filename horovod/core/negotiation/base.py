@@ -27,11 +27,13 @@ log = logging.getLogger("horovod")
 
 
 class Batch(NamedTuple):
-    """Responses that execute together; ``contributions[p]`` is the input of the member at position p for all of
-    them, in order, when their data came with the negotiation (then nothing travels to execute them)."""
+    """Responses that execute together. When their data came with the negotiation nothing travels to execute them:
+    ``contributions[p]`` is the input of the member at position p for all of them, in order (peer: every rank
+    folds), or ``folded`` is their result, in order, as the coordinator folded it (star and tree)."""
 
     responses: List[Response]
     contributions: Optional[List[bytes]] = None
+    folded: Optional[bytes] = None
 
 
 class Loop(Protocol):

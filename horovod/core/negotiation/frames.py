@@ -16,8 +16,8 @@ The frames, by kind (``Frame`` is their union, :data:`FRAMES` the list):
 - ``msg`` (:class:`Msg`: ``shutdown``, ``hits`` = cache bits of requests the receiver knows, ``requests`` in full,
   ``data`` = small allreduces' inputs by name): star, a member to its set's first rank, early (global set, before
   the cycle) or in the cycle.
-- ``reply`` (:class:`Reply`: ``stop``, ``batches`` of responses with a cached one as its bit, ``contributions`` =
-  per batch None or every member's input): star, a set's first rank to every member; tree, a parent to its
+- ``reply`` (:class:`Reply`: ``stop``, ``batches`` of responses with a cached one as its bit, ``results`` =
+  per batch None or its result, folded by rank 0 from the data the messages carried): star, a set's first rank to every member; tree, a parent to its
   children. It starts the cycle for a rank whose message was already in.
 - ``up`` (:class:`Up`: ``groups`` = the ranks that sent one message and that message, ``datas`` = (rank, data)):
   tree, a child to its parent, with its whole subtree's messages for the global set (rank 0 decodes the messages'
@@ -185,23 +185,23 @@ Item = Union[int, Response]     # a response in a reply, or its bit in the recei
 
 class Reply(NamedTuple):
     """A set's decisions: whether the job stops, the batches in order (a cached response as its bit) and, per batch,
-    None or every member's input when its data came with the messages (``contributions`` None: no batch's did)."""
+    None or its result as rank 0 folded it when its data came with the messages (``results`` None: no batch's did)."""
 
     stop: bool
     batches: List[List[Item]]
-    contributions: Optional[List[Optional[List[bytes]]]] = None
+    results: Optional[List[Optional[bytes]]] = None
     KIND = "reply"
     ARITY = 3
 
     def encode(self) -> tuple:
         """The frame as plain data."""
         batches = [[r if type(r) is int else r.to_wire() for r in batch] for batch in self.batches]
-        return ("reply", self.stop, batches, self.contributions)
+        return ("reply", self.stop, batches, self.results)
 
     @staticmethod
     def from_fields(fields: tuple) -> "Reply":
         """The record from its fields (after the kind)."""
-        stop, batches, contributions = fields
+        stop, batches, results = fields
         if type(stop) is not bool or type(batches) is not list:
             raise _Malformed("stop is not a bool or batches are not a list")
         decoded = []
@@ -209,17 +209,13 @@ class Reply(NamedTuple):
             if type(batch) is not list:
                 raise _Malformed("a batch is not a list")
             decoded.append([r if type(r) is int else Response.from_wire(r) for r in batch])
-        if contributions is not None:
-            if type(contributions) is not list or len(contributions) != len(batches):
-                raise _Malformed("contributions do not match the batches")
-            for inputs in contributions:
-                if inputs is not None:
-                    if type(inputs) is not list:
-                        raise _Malformed("a batch's contributions are not a list")
-                    for data in inputs:
-                        if type(data) is not bytes:
-                            raise _Malformed("a batch's contributions are not bytes")
-        return _new(Reply, (stop, decoded, contributions))
+        if results is not None:
+            if type(results) is not list or len(results) != len(batches):
+                raise _Malformed("results do not match the batches")
+            for result in results:
+                if result is not None and type(result) is not bytes:
+                    raise _Malformed("a batch's result is not bytes")
+        return _new(Reply, (stop, decoded, results))
 
 
 class Up(NamedTuple):

@@ -10,9 +10,10 @@ decides alike; the tensors of a batch that lack a contribution (a full frame, a 
 take the ordinary path. Data is attached only for sets that span every rank (the frame goes to every rank), and is
 read when the frame is sent. Held data is dropped when its tensor executes or fails.
 
-Under star negotiation the global set's messages carry the data to rank 0, which holds it alike and sends every
-member's contributions of the tensors it decides back with its reply: one round trip and no data phase, and every
-rank folds the same contributions in the same order, so all hold the same bits (:func:`relayed_budget` bounds it).
+Under star and tree negotiation the global set's messages carry the data to rank 0, which folds the tensors it
+decides, in rank order, and sends their results with its reply: one round trip and no data phase, every rank holds
+the very bits rank 0 folded, and nobody else folds (at 64 ranks on two cores every rank folding 64 contributions
+cost more than the reply's trip). :func:`relayed_budget` bounds what travels up.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from horovod.core import fusion
 from horovod.core.negotiation.base import Batch
 
 __all__ = ["INLINE_TENSOR_BYTES", "INLINE_FRAME_BYTES", "RELAYED_REPLY_BYTES", "eligible", "collect",
-           "relayed_budget", "HeldData", "allreduce_contributions"]
+           "relayed_budget", "HeldData", "allreduce_contributions", "allreduce_folded", "fold"]
 
 INLINE_TENSOR_BYTES = 1024          # the largest allreduce whose data travels with the negotiation
 INLINE_FRAME_BYTES = 16 * 1024      # ... and the most such data in one frame
@@ -56,9 +57,8 @@ def collect(requests: Sequence[Request], entries, budget: int) -> Tuple[Dict[str
 
 
 def relayed_budget(size: int) -> int:
-    """Bytes of allreduce data a rank's message may carry under star negotiation: rank 0 folds nothing for the
-    others but sends every member's contributions back in its reply (every rank then folds alike, as under peer
-    negotiation), so a reply carries at most ``size`` times this, kept to :data:`RELAYED_REPLY_BYTES`."""
+    """Bytes of allreduce data a rank's message may carry under star and tree negotiation: rank 0 receives every
+    member's, at most ``size`` times this, kept to :data:`RELAYED_REPLY_BYTES`."""
     return min(INLINE_FRAME_BYTES, RELAYED_REPLY_BYTES // max(size, 1))
 
 
@@ -131,24 +131,48 @@ def allreduce_contributions(response: Response, entries, contributions: List[byt
                             buffers: Buffers) -> Dict[str, np.ndarray]:
     """Fold an allreduce whose data came with the negotiation; returns each local tensor's result.
 
-    ``contributions[p]`` is the member at position p's input for every tensor of the batch, in order. Folded as the
-    exchange allreduce folds (each contribution prescaled, in rank order, then postscaled), so every member gets
-    the same bits.
+    ``contributions[p]`` is the member at position p's input for every tensor of the batch, in order.
+
+    Raises:
+        HorovodInternalError: a contribution has the wrong size.
+    """
+    return _unpacked(response, entries, fold(response, contributions, buffers))
+
+
+def allreduce_folded(response: Response, entries, folded: bytes) -> Dict[str, np.ndarray]:
+    """Each local tensor's result of an allreduce the coordinator folded (``folded``: every tensor's, in order).
+
+    Raises:
+        HorovodInternalError: the result has the wrong size.
+    """
+    carrier = numpy_dtype(response.dtype)
+    if len(folded) != sum(fusion.counts(response)) * carrier.itemsize:
+        raise HorovodInternalError(f"the allreduce result for {', '.join(response.names)} that came with the "
+                                   f"negotiation has the wrong size")
+    return _unpacked(response, entries, np.frombuffer(folded, dtype=carrier))
+
+
+def fold(response: Response, contributions: List[bytes], buffers: Optional[Buffers] = None) -> np.ndarray:
+    """The result of ``response`` (an allreduce, its tensors in order) from every member's contribution.
+
+    Folded as the exchange allreduce folds (each contribution prescaled, in rank order, then postscaled), so a
+    result folded on any rank has the same bits.
 
     Raises:
         HorovodInternalError: a contribution has the wrong size.
     """
     carrier = numpy_dtype(response.dtype)
-    counts = fusion.counts(response)
-    total = sum(counts)
+    total = sum(fusion.counts(response))
     if any(len(c) != total * carrier.itemsize for c in contributions):
         raise HorovodInternalError(f"allreduce data for {', '.join(response.names)} that came with the negotiation "
                                    f"has the wrong size")
     ufunc = reduction.ufunc_for(response.reduce_op)
-    acc = buffers.get("negotiated", carrier, total)
+    acc = buffers.get("negotiated", carrier, total) if buffers is not None else np.empty(total, carrier)
     acc[...] = np.frombuffer(contributions[0], dtype=carrier)
     reduction.scale(acc, response.prescale)
-    other = buffers.get("negotiated-peer", carrier, total) if response.prescale != 1.0 else None
+    other = None
+    if response.prescale != 1.0:
+        other = buffers.get("negotiated-peer", carrier, total) if buffers is not None else np.empty(total, carrier)
     for data in contributions[1:]:
         incoming = np.frombuffer(data, dtype=carrier)
         if other is not None:
@@ -159,6 +183,11 @@ def allreduce_contributions(response: Response, entries, contributions: List[byt
     post = response.postscale / len(contributions) if response.reduce_op == ReduceOp.AVERAGE \
         else response.postscale
     reduction.scale(acc, post)
+    return acc
+
+
+def _unpacked(response: Response, entries, acc: np.ndarray) -> Dict[str, np.ndarray]:
+    carrier = numpy_dtype(response.dtype)
     outputs = fusion.outputs(response, entries, carrier)
-    fusion.unpack(response, counts, outputs, acc, widen=False)
+    fusion.unpack(response, fusion.counts(response), outputs, acc, widen=False)
     return outputs

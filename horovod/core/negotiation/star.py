@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
 from horovod.core.decision import Decision, Message
+from horovod.core import fusion
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation
 from horovod.core.negotiation.frames import GO, WANT_NOW, Go, Msg, Reply, Want, receive
@@ -38,8 +39,7 @@ def decode_reply(state: SetState, reply: Reply, sender: int) -> Decision:
     """A coordinator's reply as the batches to execute (cached responses looked up by their bits).
 
     Raises:
-        HorovodInternalError: the reply names a bit this rank's cache does not hold, or carries contributions
-            for another number of members than the set has.
+        HorovodInternalError: the reply names a bit this rank's cache does not hold.
     """
     cache = state.cache
     try:
@@ -47,15 +47,10 @@ def decode_reply(state: SetState, reply: Reply, sender: int) -> Decision:
     except KeyError as exc:
         raise HorovodInternalError(f"rank {sender}'s negotiation reply names a response this rank's cache does "
                                    f"not hold: {exc}") from None
-    contributions = reply.contributions
-    if contributions is None:
+    results = reply.results
+    if results is None:
         return Decision([Batch(batch) for batch in batches], reply.stop)
-    size = len(state.ranks)
-    for inputs in contributions:
-        if inputs is not None and len(inputs) != size:
-            raise HorovodInternalError(f"rank {sender}'s negotiation reply carries tensor data of {len(inputs)} "
-                                       f"members for a set of {size}")
-    return Decision([Batch(batch, c) for batch, c in zip(batches, contributions)], reply.stop)
+    return Decision([Batch(batch, None, folded) for batch, folded in zip(batches, results)], reply.stop)
 
 
 def message_and_data(state: SetState, shutdown: bool, relay: bool) -> Msg:
@@ -114,13 +109,17 @@ class StarNegotiation(Negotiation):
         return Decision(decided, stop, reports, arrivals)
 
     def _reply_with_data(self, state: SetState, stop: bool, batches) -> Tuple[List[Batch], Reply]:
-        """The decided batches, those whose every member's data is held split off to be folded, and the reply that
-        tells the others (cached responses as bits, the contributions of the folded batches)."""
+        """The decided batches, those whose every member's data is held split off and folded here, and the reply
+        that tells the others (cached responses as bits, the results of the folded batches)."""
         decided = self.held.batches(state.id, len(state.ranks), batches)
+        results: List[Optional[bytes]] = [None] * len(decided)
+        for i, batch in enumerate(decided):
+            if batch.contributions is not None:
+                results[i] = inline.fold(fusion.merge(batch.responses), batch.contributions).tobytes()
+                decided[i] = Batch(batch.responses, None, results[i])
         cached_bit = state.cache.cached_bit
         items = [[_bit_or_response(r, cached_bit(r)) for r in batch.responses] for batch in decided]
-        contributions = [batch.contributions for batch in decided]
-        return decided, Reply(stop, items, contributions if any(contributions) else None)
+        return decided, Reply(stop, items, results if any(r is not None for r in results) else None)
 
     def _hold(self, state: SetState, position: int, msg: Msg) -> Message:
         """``msg``'s message; the allreduce data it carries is held for folding (global set only)."""
