@@ -161,6 +161,29 @@ def test_hosts_refusing_ssh_are_named_within_start_timeout(cluster, tmp_path):
     assert not cluster.worker_pids(a)
 
 
+
+def test_an_unreachable_host_among_16_is_named_within_the_default_start_timeout(tmp_path):
+    # 16 hosts at default settings; one's link is down, so nothing at its address answers (no ARP reply, no ssh).
+    with NetnsCluster(16) as big:
+        lost = big.hosts[9]
+        big.set_link(lost, up=False)
+        started = time.monotonic()
+        result = run_horovodrun(["-np", "16", "-H", ",".join(f"{h.address}:1" for h in big.hosts),
+                                 "-i", big.identity_file, sys.executable, "-c", "print('never')"],
+                                timeout=90, env=big.env(), cwd=str(tmp_path))
+        elapsed = time.monotonic() - started
+        assert result.returncode == 1, result.stderr
+        assert "never" not in result.stdout
+        named = result.stderr.split("cannot start workers")[-1]
+        print(f"named within {elapsed:.1f} s:{named}")
+        assert (f"{lost.address}: no answer over ssh within" in named
+                or f"{lost.address}: ssh failed: ssh: connect to host {lost.address} port 22: No route to host"
+                in named), result.stderr
+        others = [h.address for h in big.hosts if h is not lost and f"{h.address}:" in named]
+        assert not others, f"reachable hosts named as failed: {others}\n{result.stderr}"
+        assert elapsed < 30 + 6, f"took {elapsed:.1f} s with the default start timeout (30 s)"
+        assert not [pid for h in big.hosts for pid in big.worker_pids(h)]
+
 NEVER_REGISTERS = textwrap.dedent("""
     import os, sys, time
     if os.environ["HOROVOD_HOSTNAME"] == sys.argv[1]:
