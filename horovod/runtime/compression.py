@@ -17,8 +17,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Compressor", "NoneCompressor", "cast_compressor", "dtype_name", "compression_namespace", "compress_all",
-           "decompress_all", "Compression", "FP16Compressor"]
+__all__ = ["Compressor", "NoneCompressor", "cast_compressor", "wire_dtype_name", "compression_namespace",
+           "compress_all", "decompress_all", "Compression", "FP16Compressor"]
 
 
 class Compressor:
@@ -67,7 +67,7 @@ def cast_compressor(name: str, wire_dtype, *, dtype_of: Callable[[Any], Any], is
     Returns:
         The class; its ``compress`` returns ``(cast tensor, original dtype)``, or ``(tensor, None)`` when the tensor
         is not floating point or already travels in ``wire_dtype``; its ``wire`` is that dtype's name
-        (:func:`dtype_name`: ``"float16"``, ``"bfloat16"``), the same whichever framework made it.
+        (:func:`wire_dtype_name`: ``"float16"``, ``"bfloat16"``), the same whichever framework made it.
     """
     def compress(tensor):
         if prepare is not None:
@@ -83,11 +83,12 @@ def cast_compressor(name: str, wire_dtype, *, dtype_of: Callable[[Any], Any], is
     compress.__doc__ = f"Cast a floating-point tensor to {wire_dtype}; returns (tensor, its dtype or None)."
     decompress.__doc__ = "Cast back to the dtype ``compress`` returned (nothing when it returned None)."
     doc = f"Send floating-point tensors as {wire_dtype}, restore their dtype after."
-    return type(name, (Compressor,), {"__doc__": doc, "__module__": module or __name__, "wire": dtype_name(wire_dtype),
+    return type(name, (Compressor,), {"__doc__": doc, "__module__": module or __name__,
+                                      "wire": wire_dtype_name(wire_dtype),
                                       "compress": staticmethod(compress), "decompress": staticmethod(decompress)})
 
 
-def dtype_name(dtype) -> str:
+def wire_dtype_name(dtype) -> str:
     """A framework's dtype object by its own name, the same in every framework: ``"float16"`` for
     ``torch.float16``, ``tf.float16`` and ``np.dtype(np.float16)``; ``"bfloat16"`` likewise."""
     return str(getattr(dtype, "name", dtype)).rsplit(".", 1)[-1]

@@ -121,7 +121,7 @@ def test_wire_dtype_of_reads_the_compressor_itself():
     from horovod.torch.compression import Compression
     assert [ap.wire_dtype_of(c) for c in (Compression.none, Compression.fp16, Compression.bf16)] == \
         [None, "float16", "bfloat16"]
-    assert comp.dtype_name(torch.bfloat16) == "bfloat16"
+    assert comp.wire_dtype_name(torch.bfloat16) == "bfloat16"
 
     class FP16Compressor(comp.Compressor):      # Horovod's class name, but not a cast: refused
         pass

@@ -17,8 +17,8 @@ The frames, by kind (``Frame`` is their union, :data:`FRAMES` the list):
   ``data`` = small allreduces' inputs by name): star, a member to its set's first rank, early (global set, before
   the cycle) or in the cycle.
 - ``reply`` (:class:`Reply`: ``stop``, ``batches`` of responses with a cached one as its bit, ``results`` =
-  per batch None or its result, folded by rank 0 from the data the messages carried): star, a set's first rank to every member; tree, a parent to its
-  children. It starts the cycle for a rank whose message was already in.
+  per batch None or its result, folded by rank 0 from the data the messages carried): star, a set's first rank to
+  every member; tree, a parent to its children. It starts the cycle for a rank whose message was already in.
 - ``up`` (:class:`Up`: ``groups`` = the ranks that sent one message and that message, ``datas`` = (rank, data)):
   tree, a child to its parent, with its whole subtree's messages for the global set (rank 0 decodes the messages'
   requests in full: :func:`group_messages`).
@@ -145,7 +145,7 @@ class Msg(NamedTuple):
 
     def encode(self) -> tuple:
         """The frame as plain data."""
-        return ("msg", self.shutdown, self.hits, [r.to_wire() for r in self.requests], self.data)
+        return ("msg",) + self.body()
 
     @staticmethod
     def from_fields(fields: tuple) -> "Msg":

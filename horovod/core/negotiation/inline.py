@@ -29,7 +29,7 @@ from horovod.common.types import OpType, ReduceOp, Request, Response, nbytes, nu
 from horovod.core import fusion
 from horovod.core.negotiation.base import Batch
 
-__all__ = ["INLINE_TENSOR_BYTES", "INLINE_FRAME_BYTES", "RELAYED_REPLY_BYTES", "eligible", "collect",
+__all__ = ["INLINE_TENSOR_BYTES", "INLINE_FRAME_BYTES", "RELAYED_TOTAL_BYTES", "eligible", "collect",
            "relayed_budget", "HeldData", "allreduce_contributions", "allreduce_folded", "fold"]
 
 INLINE_TENSOR_BYTES = 1024          # the largest allreduce whose data travels with the negotiation
@@ -58,11 +58,11 @@ def collect(requests: Sequence[Request], entries, budget: int) -> Tuple[Dict[str
 
 def relayed_budget(size: int) -> int:
     """Bytes of allreduce data a rank's message may carry under star and tree negotiation: rank 0 receives every
-    member's, at most ``size`` times this, kept to :data:`RELAYED_REPLY_BYTES`."""
-    return min(INLINE_FRAME_BYTES, RELAYED_REPLY_BYTES // max(size, 1))
+    member's, at most ``size`` times this, kept to :data:`RELAYED_TOTAL_BYTES`."""
+    return min(INLINE_FRAME_BYTES, RELAYED_TOTAL_BYTES // max(size, 1))
 
 
-RELAYED_REPLY_BYTES = 64 * 1024
+RELAYED_TOTAL_BYTES = 64 * 1024
 
 
 class HeldData:
