@@ -8,6 +8,7 @@ data-plane timeout.
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -176,9 +177,10 @@ def test_an_unreachable_host_among_16_is_named_within_the_default_start_timeout(
         assert "never" not in result.stdout
         named = result.stderr.split("cannot start workers")[-1]
         print(f"named within {elapsed:.1f} s:{named}")
+        # The launcher's bound or ssh's own connect timeout may come first; either names the host and why.
         assert (f"{lost.address}: no answer over ssh within" in named
-                or f"{lost.address}: ssh failed: ssh: connect to host {lost.address} port 22: No route to host"
-                in named), result.stderr
+                or re.search(rf"{re.escape(lost.address)}: ssh failed: ssh: connect to host {re.escape(lost.address)} "
+                             r"port 22: (No route to host|Connection timed out)", named)), result.stderr
         others = [h.address for h in big.hosts if h is not lost and f"{h.address}:" in named]
         assert not others, f"reachable hosts named as failed: {others}\n{result.stderr}"
         assert elapsed < 30 + 6, f"took {elapsed:.1f} s with the default start timeout (30 s)"
