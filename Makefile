@@ -35,13 +35,20 @@ $(VENV)/.demo-installed: pyproject.toml Makefile
 sysdeps:
 	bash scripts/system-deps.sh
 
-# Two phases: most tests wait on processes, sockets and timeouts rather than compute, so three run at once on two
-# cores; the tests that bound a time or load the whole machine (marker serial) run after them, one at a time.
+# Three phases: most tests wait on processes, sockets and timeouts rather than compute, so three run at once on two
+# cores; the tests that bound a time while the machine stays idle (marker timed) then run four at once beside each
+# other only; those that bound a time under load or load the whole machine (marker serial) run last, one at a time.
 TEST_WORKERS ?= 3
+TIMED_WORKERS ?= 4
+# The later phases collect only the files that mark a test timed or serial: collecting the whole suite imports
+# TensorFlow, torch and JAX (about 12 CPU-s per pytest process), and the timed phase starts four of them.
+TIMED_FILES = $(shell grep -rlE 'mark\.timed' tests --include='test_*.py' | sort)
+SERIAL_FILES = $(shell grep -rlE 'mark\.serial' tests --include='test_*.py' | sort)
 
 test: venv sysdeps
-	$(BIN)/python -m pytest -q -p xdist -n $(TEST_WORKERS) -m "not serial" tests
-	$(BIN)/python -m pytest -q -m serial tests
+	$(BIN)/python -m pytest -q -p xdist -n $(TEST_WORKERS) -m "not serial and not timed" tests
+	$(BIN)/python -m pytest -q -p xdist -n $(TIMED_WORKERS) --maxschedchunk 1 -m timed $(TIMED_FILES)
+	$(BIN)/python -m pytest -q -m serial $(SERIAL_FILES)
 
 # Repeated trials of the tests that hunt rare failures (one trial each runs in make test).
 soak: venv sysdeps

@@ -32,7 +32,7 @@ def _errors(batches):
     return [(r.names, r.error) for batch in batches for r in batch if r.op == OpType.ERROR]
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.unit
 def test_disagreeing_names_fail_after_half_the_stall_time_with_every_ranks_names():
     c = coordinator(3, stall_warning=10.0)
@@ -70,7 +70,7 @@ def test_the_clock_restarts_when_anything_new_arrives_and_joined_ranks_do_not_co
     assert "ranks [1] have joined" in errors[0][1] and "rank 0 waits for a, x" in errors[0][1]
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.unit
 def test_no_detection_when_the_stall_check_is_off():
     c = coordinator(2, stall_warning=2.0, stall_check=False)
@@ -101,7 +101,7 @@ def _join_sequence():
     return out
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.ranks
 def test_unnamed_allgathers_around_joins_end_in_errors_at_three_ranks():
     """Rank 0 joins while 1 and 2 allgather (Join does not support allgather), then rank 1 joins while 0 and 2
@@ -139,7 +139,7 @@ def _different_sequences():
     return error, waited, after
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.ranks
 @pytest.mark.parametrize("world", [2, 3])
 def test_different_collective_sequences_fail_on_every_rank(world):

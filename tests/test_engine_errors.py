@@ -103,7 +103,7 @@ def _stall(marker):
     return error, records
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation", ["peer", "star"])
 def test_stall_warning_names_tensor_and_missing_rank_then_fails_it(tmp_path, negotiation):
@@ -299,7 +299,7 @@ def _busy_partner():
     return value
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation", ["peer", "star"])
 def test_a_rank_busy_in_its_own_code_is_not_taken_for_dead(negotiation):

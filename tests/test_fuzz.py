@@ -22,6 +22,10 @@ from horovod.testing import spawn_ranks
 pytestmark = pytest.mark.ranks
 
 FRAMES = 10_000
+# The job paces itself (about 200 steps a second at most): flat out it would take both cores from the fuzzer and the
+# store under attack, and the test is about wrong results and crashes, not the job's top speed.
+STEP_PAUSE = 0.005
+SENDERS = 8
 
 
 def _job(out_dir):
@@ -49,6 +53,7 @@ def _job(out_dir):
         stop = np.array([os.path.exists(os.path.join(out_dir, "stop"))], dtype=np.int32)
         if hvd.allreduce(stop, op=hvd.Max, name="stop")[0]:
             break
+        time.sleep(STEP_PAUSE)
     took = time.monotonic() - start
     hvd.shutdown()
     return steps, took, wrong
@@ -95,7 +100,6 @@ def _fuzz(target_file, stop_file, counts):
     host, port, secret_hex = open(target_file).read().split(" ")
     address = (host, int(port))
     secret = bytes.fromhex(secret_hex)
-    rng = random.Random(19)
     headers = signed_headers(secret, "PUT", "/kv/fuzz/k?wait=0", b"6.6.6.6:1 evil")
     valid = (f"PUT /kv/fuzz/k?wait=0 HTTP/1.1\r\nHost: x\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
              + "\r\n").encode() + b"6.6.6.6:1 evil"
@@ -103,21 +107,36 @@ def _fuzz(target_file, stop_file, counts):
     idle = [socket.create_connection(address, timeout=5) for _ in range(200)]     # 200 at once, silent
     trickle = [socket.create_connection(address, timeout=5) for _ in range(5)]
     try:
-        while counts["frames"] < FRAMES:
-            _send(address, _mutations(rng, valid), read=rng.random() < 0.2)
-            counts["frames"] += 1
-            if counts["frames"] % 500 == 0:
-                for sock in trickle:
-                    try:
-                        sock.send(b"G")
-                    except OSError:
-                        pass
-            if counts["frames"] % 50 == 0:     # the data plane: its listeners are closed once the mesh is up
-                _send(("127.0.0.1", rng.randrange(30000, 60000)), b"HVDPY1\0\0" + os.urandom(40), read=False)
+        # Several senders at once: a fifth of the frames wait up to 0.5 s for an answer that may never come (a
+        # truncated request, a huge length), and one sender alone spends two minutes in those waits.
+        lock = threading.Lock()
+        senders = [threading.Thread(target=_send_many, args=(address, valid, random.Random(19 + i), counts, lock))
+                   for i in range(SENDERS)]
+        for thread in senders:
+            thread.start()
+        while any(thread.is_alive() for thread in senders):
+            for sock in trickle:
+                try:
+                    sock.send(b"G")
+                except OSError:
+                    pass
+            senders[0].join(1.0)
     finally:
         for sock in idle + trickle:
             sock.close()
         open(stop_file, "w").close()
+
+
+def _send_many(address, valid, rng, counts, lock):
+    while True:
+        with lock:
+            if counts["frames"] >= FRAMES:
+                return
+            counts["frames"] += 1
+            frame_number = counts["frames"]
+        _send(address, _mutations(rng, valid), read=rng.random() < 0.2)
+        if frame_number % 50 == 0:     # the data plane: its listeners are closed once the mesh is up
+            _send(("127.0.0.1", rng.randrange(30000, 60000)), b"HVDPY1\0\0" + os.urandom(40), read=False)
 
 
 def test_ten_thousand_mutated_frames_against_a_running_job(tmp_path):

@@ -84,7 +84,7 @@ def _recorded_pids(piddir):
     return [int(p) for name in os.listdir(piddir) for p in (piddir / name).read_text().split()]
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.cli
 def test_fail_fast_names_rank_and_code_and_leaves_nothing(tmp_path, horovodrun):
     script = tmp_path / "worker.py"
@@ -148,7 +148,7 @@ class _RecordingSink(OutputSink):
         self.lines.put((rank, stream, line))
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.ranks
 def test_worker_ignoring_sigterm_is_killed_after_grace():
     code = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

@@ -21,9 +21,9 @@ import pytest
 from horovod.testing import spawn_ranks
 from horovod.transport.mesh import watch_liveness
 
-pytestmark = pytest.mark.serial
 
 
+@pytest.mark.serial
 @pytest.mark.unit
 def test_liveness_probes_are_set_on_tcp_connections():
     server = socket.socket()
@@ -91,6 +91,7 @@ def _busy_in_one_gil_call(seconds):
     return value, float(big[0]), measured
 
 
+@pytest.mark.serial
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation", ["peer", "star"])
 def test_a_rank_inside_one_long_gil_holding_call_is_not_declared_lost(negotiation):
@@ -142,6 +143,7 @@ def _forked_child_collective(marker):
     return child_said, results
 
 
+@pytest.mark.serial
 @pytest.mark.ranks
 def test_a_child_forked_after_init_cannot_run_collectives_and_leaves_the_parent_alone(tmp_path):
     (said0, results0), (said1, results1) = spawn_ranks(_forked_child_collective, 2, timeout=60,
@@ -178,6 +180,7 @@ def _starts_despite_a_stranger(port_file):
     return took, value
 
 
+@pytest.mark.serial
 @pytest.mark.ranks
 def test_strangers_on_the_listener_do_not_keep_the_job_from_starting(tmp_path):
     # Rank 0's listener gets a stranger that sends nothing and one that trickles a byte a second, before rank 1
@@ -233,6 +236,7 @@ while True:
 """
 
 
+@pytest.mark.serial
 @pytest.mark.cli
 def test_sigkill_of_horovodrun_takes_its_local_workers_along(tmp_path):
     import signal
@@ -278,6 +282,7 @@ def _end(proc, timeout):
     return end_horovodrun(proc, timeout)
 
 
+@pytest.mark.timed
 @pytest.mark.cli
 def test_a_45_s_gil_holding_call_overlapping_its_own_400_mb_allreduce_completes(tmp_path):
     # Default settings: after HOROVOD_GLOO_TIMEOUT_SECONDS (30 s) of silence rank 0 warns once for the job, and the
@@ -295,6 +300,7 @@ def test_a_45_s_gil_holding_call_overlapping_its_own_400_mb_allreduce_completes(
             and "HOROVOD_BUSY_PEER_TIMEOUT_SECONDS" in warnings[0]), warnings[0]
 
 
+@pytest.mark.serial
 @pytest.mark.cli
 def test_a_rank_killed_inside_a_gil_holding_call_is_still_reported_at_once(tmp_path):
     import signal

@@ -19,7 +19,7 @@ import pytest
 
 from horovod.testing.netns import NetnsCluster, unavailable_reason
 
-pytestmark = [pytest.mark.cli, pytest.mark.serial]
+pytestmark = pytest.mark.cli
 
 _REASON = unavailable_reason()
 if _REASON is not None:
@@ -97,6 +97,7 @@ def _finish(proc, timeout):
             proc.communicate()
 
 
+@pytest.mark.serial
 def test_cut_link_every_survivor_raises_within_12_s_and_horovodrun_exits_within_15_s(cluster, tmp_path):
     a, b = cluster.hosts
     (tmp_path / "loop.py").write_text(LOOP)
@@ -135,6 +136,7 @@ def test_cut_link_every_survivor_raises_within_12_s_and_horovodrun_exits_within_
         _wait_for(lambda: not cluster.worker_pids(host), 15, f"the processes on {host.address} to end")
 
 
+@pytest.mark.timed
 def test_a_rank_busy_in_user_code_is_not_declared_lost(cluster, tmp_path):
     a, b = cluster.hosts
     (tmp_path / "busy.py").write_text(BUSY)
@@ -149,6 +151,7 @@ def test_a_rank_busy_in_user_code_is_not_declared_lost(cluster, tmp_path):
     assert "was lost" not in err and "hung" not in err, err[-3000:]
 
 
+@pytest.mark.serial
 def test_sigkill_of_horovodrun_leaves_no_worker_alive_on_any_host(cluster, tmp_path):
     a, b = cluster.hosts
     (tmp_path / "loop.py").write_text(LOOP)
@@ -168,6 +171,7 @@ def test_sigkill_of_horovodrun_leaves_no_worker_alive_on_any_host(cluster, tmp_p
         _finish(proc, 5)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_cut_link_at_8_hosts_every_survivor_names_the_lost_host_and_horovodrun_exits_within_15_s(tmp_path):
     """24 ranks over 8 hosts (tree negotiation, connections on demand): most survivors hold no connection to the
@@ -210,6 +214,7 @@ def test_cut_link_at_8_hosts_every_survivor_names_the_lost_host_and_horovodrun_e
 _OVERLAP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gil_overlap_worker.py")
 
 
+@pytest.mark.timed
 def test_a_45_s_gil_holding_call_overlapping_a_400_mb_allreduce_completes_across_hosts(cluster, tmp_path):
     # Default settings (collective timeout 30 s, busy-peer bound 300 s): one warning for the job at 30 s, no error.
     a, b = cluster.hosts
@@ -225,6 +230,7 @@ def test_a_45_s_gil_holding_call_overlapping_a_400_mb_allreduce_completes_across
     assert "was lost" not in err, err[-3000:]
 
 
+@pytest.mark.serial
 def test_a_rank_killed_inside_a_gil_holding_call_across_hosts_is_reported_within_the_bounds(cluster, tmp_path):
     a, b = cluster.hosts
     proc = _launch(cluster, ["-np", "2", "-H", f"{a.address}:1,{b.address}:1", sys.executable, _OVERLAP_WORKER,

@@ -19,7 +19,7 @@ import pytest
 from horovod.testing.fixtures import run_horovodrun
 from horovod.testing.netns import NetnsCluster, unavailable_reason
 
-pytestmark = [pytest.mark.cli, pytest.mark.serial]
+pytestmark = pytest.mark.cli
 
 _REASON = unavailable_reason()
 if _REASON is not None:
@@ -112,6 +112,7 @@ def _finish(proc, timeout):
             proc.communicate()
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("flags", [[], ["--hierarchical-allreduce"]], ids=["flat", "hierarchical"])
 def test_two_hosts_two_slots_over_ssh(cluster, tmp_path, flags):
     a, b = cluster.hosts[0], cluster.hosts[1]
@@ -141,6 +142,7 @@ def test_two_hosts_two_slots_over_ssh(cluster, tmp_path, flags):
         _wait_for(lambda: not cluster.worker_pids(host), 10, f"the processes on {host.address} to end")
 
 
+@pytest.mark.timed
 def test_hosts_refusing_ssh_are_named_within_start_timeout(cluster, tmp_path):
     a, refusing = cluster.hosts[0], cluster.hosts[2]
     silent = f"{cluster.subnet}.250"  # on the bridge's subnet, but nobody answers
@@ -163,6 +165,7 @@ def test_hosts_refusing_ssh_are_named_within_start_timeout(cluster, tmp_path):
 
 
 
+@pytest.mark.timed
 def test_an_unreachable_host_among_16_is_named_within_the_default_start_timeout(tmp_path):
     # 16 hosts at default settings; one's link is down, so nothing at its address answers (no ARP reply, no ssh).
     with NetnsCluster(16) as big:
@@ -197,6 +200,7 @@ NEVER_REGISTERS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.timed
 def test_a_host_whose_workers_never_register_is_named_within_the_start_timeout(cluster, tmp_path):
     a, b = cluster.hosts[0], cluster.hosts[1]
     (tmp_path / "job.py").write_text(NEVER_REGISTERS)
@@ -214,6 +218,7 @@ def test_a_host_whose_workers_never_register_is_named_within_the_start_timeout(c
         _wait_for(lambda: not cluster.worker_pids(host), 10, f"the processes on {host.address} to end")
 
 
+@pytest.mark.serial
 def test_link_down_mid_job_fails_every_survivor_within_timeout(cluster, tmp_path):
     a, b = cluster.hosts[0], cluster.hosts[1]
     (tmp_path / "loop.py").write_text(LOOP)
@@ -268,6 +273,7 @@ SMALL_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.serial
 def test_fresh_hosts_trust_on_first_use_and_a_changed_key_is_refused(tmp_path):
     """Unknown host keys: the first job records them (no ssh options given); a changed key is refused with a
     message saying what to do, and doing it lets the next job run."""

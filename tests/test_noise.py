@@ -99,7 +99,7 @@ def suite(monkeypatch):
     return importlib.import_module("suite")
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.unit
 def test_the_suites_end_to_end_comparison_shows_each_line_as_it_comes(suite, monkeypatch, tmp_path):
     # It ran for a minute with its output captured: nothing on the screen until the end.

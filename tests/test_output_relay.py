@@ -246,7 +246,7 @@ PROGRESS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.cli
 def test_a_progress_bar_redrawn_with_carriage_returns_shows_while_the_rank_runs(tmp_path):
     (tmp_path / "bar.py").write_text(PROGRESS)

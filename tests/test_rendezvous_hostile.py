@@ -20,7 +20,7 @@ from horovod.common.rendezvous_client import RendezvousClient, make_secret, sign
 from horovod.common.rendezvous_server import RendezvousServer
 from horovod.transport import shm
 
-pytestmark = [pytest.mark.unit, pytest.mark.serial]
+pytestmark = [pytest.mark.unit, pytest.mark.timed]
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ def test_spawn_fixture(spawn):
     assert spawn(lambda: int(os.environ["HOROVOD_SIZE"]), 2, timeout=30) == [2, 2]
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 def test_failing_rank_traceback_and_no_leftovers(tmp_path):
     def fn(pid_dir):
         rank = int(os.environ["HOROVOD_RANK"])

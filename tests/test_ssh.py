@@ -114,7 +114,7 @@ def test_bootstrap_runs_the_worker_with_payload_env_cwd_and_exit_status(tmp_path
     assert out.strip() == f"from-launcher {tmp_path}"
 
 
-@pytest.mark.serial
+@pytest.mark.timed
 @pytest.mark.ranks
 def test_bootstrap_stops_the_worker_when_the_launcher_connection_closes(tmp_path):
     pid_file = tmp_path / "pid"

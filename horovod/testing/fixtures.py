@@ -27,16 +27,22 @@ TIERS = {
     "ranks": "functions on N real processes via spawn_ranks",
     "cli": "the real horovodrun command line in a subprocess",
 }
-# Across the tiers: tests that bound a time, load the machine with dozens of ranks or hold a machine-wide resource (a
-# Ray cluster, a second local user) run in the suite's second phase, alone; everything else runs in parallel first
-# (``make test``: ``pytest -n 3 -m "not serial"``, then ``pytest -m serial``).
-SERIAL = "serial: bounds a time or loads the whole machine; `make test` runs it after the parallel phase, alone"
+# Across the tiers, how `make test` schedules a test: most run three at a time (``-m "not serial and not timed"``);
+# tests that bound a time while the machine stays nearly idle (a user's sleep, a stall or start timeout running out)
+# then run four at a time beside each other only (``-m timed``); tests that bound a time under load, or load the
+# machine themselves with dozens of ranks or hold a machine-wide resource (a Ray cluster, a second local user), run
+# last, alone (``-m serial``).
+SCHEDULES = {
+    "timed": "bounds a time but leaves the CPU idle; `make test` runs it beside other timed tests only, four at once",
+    "serial": "bounds a time under load or loads the whole machine; `make test` runs it last, alone",
+}
 
 
 def pytest_configure(config):  # noqa: D103 — pytest hook
     for name, doc in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
-    config.addinivalue_line("markers", SERIAL)
+    for name, doc in SCHEDULES.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
 
 
 def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
@@ -45,6 +51,10 @@ def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
     if untiered:
         raise pytest.UsageError("tests without a tier marker (pytest.mark.unit, .ranks or .cli): "
                                 + ", ".join(untiered[:10]))
+    # A test in two schedules would run twice in `make test`.
+    both = [item.nodeid for item in items if all(item.get_closest_marker(name) for name in SCHEDULES)]
+    if both:
+        raise pytest.UsageError("tests marked both timed and serial: " + ", ".join(both[:10]))
 
 
 def process_alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from conftest import ElasticRun
+from elastic_run import ElasticRun
 
 pytestmark = [pytest.mark.cli, pytest.mark.serial]
 
