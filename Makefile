@@ -47,7 +47,7 @@ SERIAL_FILES = $(shell grep -rlE 'mark\.serial' tests --include='test_*.py' | so
 
 test: venv sysdeps
 	$(BIN)/python -m pytest -q -p xdist -n $(TEST_WORKERS) -m "not serial and not timed" tests
-	$(BIN)/python -m pytest -q -p xdist -n $(TIMED_WORKERS) --maxschedchunk 1 -m timed $(TIMED_FILES)
+	$(BIN)/python -m pytest -q -p xdist -n $(TIMED_WORKERS) --dist loadgroup -m timed $(TIMED_FILES)
 	$(BIN)/python -m pytest -q -m serial $(SERIAL_FILES)
 
 # Repeated trials of the tests that hunt rare failures (one trial each runs in make test).

@@ -28,7 +28,9 @@ import pytest
 
 from elastic_run import ElasticRun
 
-pytestmark = [pytest.mark.cli, pytest.mark.serial]
+# One xdist group (make test runs timed tests with --dist loadgroup): the trials fill RECOVERIES, which the summary
+# at the end reads in the same process.
+pytestmark = [pytest.mark.cli, pytest.mark.timed, pytest.mark.xdist_group("chaos")]
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos_worker.py")
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
