@@ -46,7 +46,7 @@ TIMED_FILES = $(shell grep -rlE 'mark\.timed' tests --include='test_*.py' | sort
 SERIAL_FILES = $(shell grep -rlE 'mark\.serial' tests --include='test_*.py' | sort)
 
 test: venv sysdeps
-	$(BIN)/python -m pytest -q -p xdist -n $(TEST_WORKERS) -m "not serial and not timed" tests
+	$(BIN)/python -m pytest -q -p xdist -n $(TEST_WORKERS) --dist loadgroup -m "not serial and not timed" tests
 	$(BIN)/python -m pytest -q -p xdist -n $(TIMED_WORKERS) --dist loadgroup -m timed $(TIMED_FILES)
 	$(BIN)/python -m pytest -q -m serial $(SERIAL_FILES)
 

@@ -282,7 +282,7 @@ def _end(proc, timeout):
     return end_horovodrun(proc, timeout)
 
 
-@pytest.mark.timed
+@pytest.mark.timed(seconds=50)
 @pytest.mark.cli
 def test_a_45_s_gil_holding_call_overlapping_its_own_400_mb_allreduce_completes(tmp_path):
     # Default settings: after HOROVOD_GLOO_TIMEOUT_SECONDS (30 s) of silence rank 0 warns once for the job, and the

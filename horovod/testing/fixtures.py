@@ -33,7 +33,8 @@ TIERS = {
 # machine themselves with dozens of ranks or hold a machine-wide resource (a Ray cluster, a second local user), run
 # last, alone (``-m serial``).
 SCHEDULES = {
-    "timed": "bounds a time but leaves the CPU idle; `make test` runs it beside other timed tests only, four at once",
+    "timed": "bounds a time but leaves the CPU idle; `make test` runs it beside other timed tests only, four at once "
+             "(timed(seconds=N): a wait of N s, started first)",
     "serial": "bounds a time under load or loads the whole machine; `make test` runs it last, alone",
 }
 
@@ -55,6 +56,14 @@ def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
     both = [item.nodeid for item in items if all(item.get_closest_marker(name) for name in SCHEDULES)]
     if both:
         raise pytest.UsageError("tests marked both timed and serial: " + ", ".join(both[:10]))
+    # The timed phase lasts at least as long as its longest wait: the few waits of most of a minute start first, one
+    # per worker, and everything shorter fills in around them (a stable sort: every xdist worker orders alike).
+    items.sort(key=lambda item: -_declared_seconds(item))
+
+
+def _declared_seconds(item) -> float:
+    marker = item.get_closest_marker("timed")
+    return float(marker.kwargs.get("seconds", 0)) if marker else 0.0
 
 
 def process_alive(pid: int) -> bool:
