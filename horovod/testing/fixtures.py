@@ -66,6 +66,17 @@ def _declared_seconds(item) -> float:
     return float(marker.kwargs.get("seconds", 0)) if marker else 0.0
 
 
+def skip_module_without(package: str) -> None:
+    """Skip the calling test module when ``package`` is not installed, without importing it.
+
+    For modules that run the framework only in their workers: ``pytest.importorskip("tensorflow")`` costs every
+    pytest process that collects the module three CPU-seconds of TensorFlow import.
+    """
+    import importlib.util
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed", allow_module_level=True)
+
+
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` is a live (not zombie) process."""
     try:

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from horovod.testing.fixtures import run_horovodrun
+from horovod.testing.fixtures import run_horovodrun, skip_module_without
 
-pytest.importorskip("tensorflow")
+skip_module_without("tensorflow")
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples")
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
