@@ -46,6 +46,7 @@ def pytest_configure(config):  # noqa: D103 — pytest hook
         config.addinivalue_line("markers", f"{name}: {doc}")
 
 
+@pytest.hookimpl(tryfirst=True)     # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
     # Every test says which tier it is in, so `pytest -m unit` really is the suite's process-free part.
     untiered = [item.nodeid for item in items if not any(item.get_closest_marker(tier) for tier in TIERS)]
@@ -59,6 +60,25 @@ def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
     # The timed phase lasts at least as long as its longest wait: the few waits of most of a minute start first, one
     # per worker, and everything shorter fills in around them (a stable sort: every xdist worker orders alike).
     items.sort(key=lambda item: -_declared_seconds(item))
+    for item in items:
+        group = _shared_fixture_group(item)
+        if group and not _declared_seconds(item):     # a long wait starts on a worker of its own
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_fixture_group(item) -> Optional[str]:
+    """The xdist group of a test that uses a module- or session-wide fixture (a job spawned once for a module's
+    checks, a Spark cluster), so that `make test` (--dist loadgroup) builds it on one worker instead of on every
+    worker that draws one of its tests: the module and the fixture's parameter, or the session fixture's name."""
+    info = getattr(item, "_fixtureinfo", None)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for scope in ("session", "package", "module"):
+        for name in sorted(info.name2fixturedefs if info else ()):
+            definition = info.name2fixturedefs[name][-1]
+            if definition.scope == scope and definition.baseid:     # the suite's own, not pytest's tmp_path_factory
+                where = name if scope == "session" else item.nodeid.split("::")[0]
+                return f"{where}[{params[name]}]" if name in params else where
+    return None
 
 
 def _declared_seconds(item) -> float:

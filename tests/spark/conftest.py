@@ -19,15 +19,6 @@ def _java_available() -> bool:
     return bool(shutil.which("java") or os.environ.get("JAVA_HOME"))
 
 
-@pytest.hookimpl(tryfirst=True)     # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items):
-    # One cluster per pytest process: `make test` sends every test that uses it to one xdist worker (--dist
-    # loadgroup), so three JVMs start once in the run instead of once on each worker that happens to draw one.
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
-
-
 @pytest.fixture(scope="session")
 def spark():
     """The shared SparkSession (ranks' Python is this interpreter: ``PYSPARK_PYTHON``)."""
