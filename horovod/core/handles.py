@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, List, Optional, Protocol
 
-__all__ = ["Handle", "Loop"]
+__all__ = ["Handle", "Completer"]
 
 
-class Loop(Protocol):
-    """What a handle waits on: the engine that completes it.
+class Completer(Protocol):
+    """What a handle waits on: the engine that completes it (not the negotiation's ``Loop``, which is what the
+    engine lends a negotiation).
 
     The engine batches tensors while nobody waits for a result and hurries as soon as somebody does, so a handle
     tells it when a thread blocks on it or polls it; and a thread about to wait may run the engine's loop itself.
@@ -27,14 +28,14 @@ class Handle:
     """Completion of one collective. ``result()`` blocks, then returns the output or raises the op's error.
 
     A bare lock (held until completion) is the cheapest primitive a waiter can block on; a training step creates
-    one handle per gradient, so the cost matters. ``loop`` is the engine that completes it (None: nothing to tell).
+    one handle per gradient, so the cost matters. ``completer`` is the engine that completes it (None: nothing to tell).
     """
 
-    __slots__ = ("name", "_loop", "_done", "_lock", "_value", "_error", "_callbacks", "__weakref__")
+    __slots__ = ("name", "_completer", "_done", "_lock", "_value", "_error", "_callbacks", "__weakref__")
 
-    def __init__(self, name: str, loop: Optional[Loop] = None):
+    def __init__(self, name: str, completer: Optional[Completer] = None):
         self.name = name
-        self._loop = loop
+        self._completer = completer
         self._done = False
         self._lock = threading.Lock()
         self._lock.acquire()
@@ -51,9 +52,9 @@ class Handle:
         """Whether the collective completed; a poll, so the engine hurries as for a blocked waiter."""
         if self._done:
             return True
-        loop = self._loop
-        if loop is not None:
-            loop.waiting(0)      # somebody polls for this result: as urgent as a blocked waiter
+        completer = self._completer
+        if completer is not None:
+            completer.waiting(0)      # somebody polls for this result: as urgent as a blocked waiter
         return self._done
 
     def set_result(self, value: Any) -> None:
@@ -86,16 +87,16 @@ class Handle:
         """Block until completion or ``timeout`` seconds; returns whether it completed."""
         if self._done:
             return True
-        loop = self._loop
-        if loop is None:
+        completer = self._completer
+        if completer is None:
             return self._lock_wait(timeout)
-        if timeout is None and loop.drive(self):
+        if timeout is None and completer.drive(self):
             return True
-        loop.waiting(1)
+        completer.waiting(1)
         try:
             return self._lock_wait(timeout)
         finally:
-            loop.waiting(-1)
+            completer.waiting(-1)
 
     def _lock_wait(self, timeout: Optional[float]) -> bool:
         if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
