@@ -374,7 +374,7 @@ class Engine:
             if state is None or state.index < 0:
                 continue
             if self._patience is not None:     # so that a wait on a busy peer names what this rank waits for
-                self._patience.activity = state.describe_pending
+                self._patience.working_on(state.describe_pending)
             decision = self.negotiation.negotiate(state, self._shutdown if set_id == 0 else False)
             if decision.stalls:
                 report_stalls(decision.stalls)

@@ -88,7 +88,7 @@ class Executor:
         else:
             patience = getattr(state.group.transport, "patience", None)
             if patience is not None:     # so that a wait on a busy peer names the collective
-                patience.activity = lambda: _describe(response)
+                patience.working_on(lambda: _describe(response))
             try:
                 results = execute(response, entries, state.group, self.buffers,
                                   (lambda activity: tl.activity(response, activity)) if tl is not None else None)

@@ -59,11 +59,14 @@ class Patience:
         self.bound = bound
         self.where = where
         self.board = None        # the job's waits board (read() -> {rank: text}, post(rank, text)), set at init
-        # What this rank runs now, as the engine names it: a text, or a function that makes it (called only when
-        # a wait is reported, so that the engine pays nothing per collective for it).
-        self.activity: Union[str, Callable[[], str]] = ""
+        self._activity: Union[str, Callable[[], str]] = ""
         self._posted = False
         self._warned = 0
+
+    def working_on(self, activity: Union[str, Callable[[], str]]) -> None:
+        """What this rank runs now, as the engine names it: a text, or a function that makes it (called only when
+        a wait is reported, so that the engine pays nothing per collective for it)."""
+        self._activity = activity
 
     def waiting(self, peer: int, silent_for: float) -> Optional[str]:
         """``peer`` has sent nothing for ``silent_for`` seconds though its connection is alive.
@@ -98,13 +101,16 @@ class Patience:
             self._posted = False
             self._post("")
 
-    def _what(self) -> str:
-        activity = self.activity
+    def activity(self) -> str:
+        """What this rank runs now ("" when the engine has not said)."""
+        activity = self._activity
         try:
-            what = activity() if callable(activity) else activity
+            return activity() if callable(activity) else activity
         except Exception:  # a description that fails must not turn a warning into an error
-            what = ""
-        return what or "a collective"
+            return ""
+
+    def _what(self) -> str:
+        return self.activity() or "a collective"
 
     def _account(self, busy: int, peer: int, said: str) -> str:
         through = f" (rank {self.rank} waits on it through rank {peer})" if busy != peer else ""

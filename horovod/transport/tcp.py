@@ -87,7 +87,7 @@ class TcpTransport(MeshSetup):
         self.timeout = timeout
         self.liveness = liveness            # HOROVOD_LIVENESS_TIMEOUT (0: the kernel's defaults)
         # How long a live peer may owe bytes inside a collective (HOROVOD_BUSY_PEER_TIMEOUT_SECONDS), warned
-        # about every ``timeout`` seconds; the executor names the collective in ``patience.activity``.
+        # about every ``timeout`` seconds; the executor names the collective through ``patience.working_on``.
         self.patience = Patience(rank, timeout, busy_bound, self._where)
         self.job_token = job_token
         self._socks: Dict[int, socket.socket] = {}
