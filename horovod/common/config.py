@@ -391,7 +391,8 @@ def environ_snapshot() -> Dict[str, str]:
 
 
 def environ_set(name: str, value: Optional[str]) -> None:
-    """Set a variable in this process (``init(process_sets="dynamic")`` does, as Horovod does); None removes it."""
+    """Set a variable in this process; None removes it. For the places that must change the process's environment
+    itself: Horovod's ``util.env`` block, and a Ray actor taking on its job's settings before ``init``."""
     if value is None:
         os.environ.pop(name, None)
     else:
