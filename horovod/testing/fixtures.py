@@ -77,7 +77,8 @@ def _shared_fixture_group(item) -> Optional[str]:
             definition = info.name2fixturedefs[name][-1]
             if definition.scope == scope and definition.baseid:     # the suite's own, not pytest's tmp_path_factory
                 where = name if scope == "session" else item.nodeid.split("::")[0]
-                return f"{where}[{params[name]}]" if name in params else where
+                # xdist reads a group after the last "@" only if no "]" follows it: "module:param", not "module[param]"
+                return f"{where}:{params[name]}" if name in params else where
     return None
 
 
