@@ -38,7 +38,7 @@ sysdeps:
 # Three phases: most tests wait on processes, sockets and timeouts rather than compute, so three run at once on two
 # cores; the tests that bound a time while the machine stays idle (marker timed) then run four at once beside each
 # other only; those that bound a time under load or load the whole machine (marker serial) run last, one at a time.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 TIMED_WORKERS ?= 4
 # The later phases collect only the files that mark a test timed or serial: collecting the whole suite imports
 # TensorFlow, torch and JAX (about 12 CPU-s per pytest process), and the timed phase starts four of them.

@@ -57,7 +57,6 @@ def test_run_collectives_and_results_by_rank(spark, num_proc, capfd):
         assert f"[{rank}]<stdout>:rank {rank} of {num_proc} says hello" in out
 
 
-@pytest.mark.serial
 def test_exception_fails_the_job_with_its_traceback_and_leaves_nothing(spark, tmp_path):
     import horovod.spark
     start = time.monotonic()
@@ -72,7 +71,6 @@ def test_exception_fails_the_job_with_its_traceback_and_leaves_nothing(spark, tm
     assert no_active_spark_jobs(spark)
 
 
-@pytest.mark.serial
 def test_too_few_executors_times_out_with_the_count(spark):
     import horovod.spark
     start = time.monotonic()
@@ -86,7 +84,6 @@ def test_too_few_executors_times_out_with_the_count(spark):
                                                         start_timeout=120), 240)) == 2
 
 
-@pytest.mark.serial
 def test_a_spark_job_that_fails_early_surfaces_within_seconds_with_sparks_error(spark, monkeypatch):
     # Executors whose Python cannot run the tasks (here: a PYSPARK_PYTHON that does not exist; in the field, one
     # that differs from the driver's) fail the Spark job at once: run must say so, not wait out start_timeout.
