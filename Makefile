@@ -35,13 +35,15 @@ $(VENV)/.demo-installed: pyproject.toml Makefile
 sysdeps:
 	bash scripts/system-deps.sh
 
-# Three phases: most tests wait on processes, sockets and timeouts rather than compute, so three run at once on two
-# cores; the tests that bound a time while the machine stays idle (marker timed) then run four at once beside each
-# other only; those that bound a time under load or load the whole machine (marker serial) run last, one at a time.
+# Three phases: most tests wait on processes, sockets and timeouts rather than compute, so four run at once on two
+# cores (a test that shares a module's spawned job or the Spark cluster goes to the worker that builds it: see
+# horovod/testing/fixtures.py); the tests that bound a time while the machine stays idle (marker timed) then run four
+# at once beside each other only; those that bound a time under load or load the whole machine (marker serial) run
+# last, one at a time.
 TEST_WORKERS ?= 4
 TIMED_WORKERS ?= 4
 # The later phases collect only the files that mark a test timed or serial: collecting the whole suite imports
-# TensorFlow, torch and JAX (about 12 CPU-s per pytest process), and the timed phase starts four of them.
+# torch and JAX (about 5 CPU-s per pytest process), and the timed phase starts four of them.
 TIMED_FILES = $(shell grep -rlE 'mark\.timed' tests --include='test_*.py' | sort)
 SERIAL_FILES = $(shell grep -rlE 'mark\.serial' tests --include='test_*.py' | sort)
 
