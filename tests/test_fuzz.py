@@ -120,7 +120,7 @@ def _fuzz(target_file, stop_file, counts):
                     sock.send(b"G")
                 except OSError:
                     pass
-            senders[0].join(1.0)
+            next(thread for thread in senders if thread.is_alive()).join(1.0)     # a byte a second, not a spin
     finally:
         for sock in idle + trickle:
             sock.close()

@@ -22,7 +22,6 @@ from horovod.testing import spawn_ranks
 from horovod.transport.mesh import watch_liveness
 
 
-
 @pytest.mark.serial
 @pytest.mark.unit
 def test_liveness_probes_are_set_on_tcp_connections():

@@ -27,7 +27,7 @@ TIERS = {
     "ranks": "functions on N real processes via spawn_ranks",
     "cli": "the real horovodrun command line in a subprocess",
 }
-# Across the tiers, how `make test` schedules a test: most run three at a time (``-m "not serial and not timed"``);
+# Across the tiers, how `make test` schedules a test: most run four at a time (``-m "not serial and not timed"``);
 # tests that bound a time while the machine stays nearly idle (a user's sleep, a stall or start timeout running out)
 # then run four at a time beside each other only (``-m timed``); tests that bound a time under load, or load the
 # machine themselves with dozens of ranks or hold a machine-wide resource (a Ray cluster, a second local user), run
@@ -58,8 +58,10 @@ def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
     if both:
         raise pytest.UsageError("tests marked both timed and serial: " + ", ".join(both[:10]))
     # The timed phase lasts at least as long as its longest wait: the few waits of most of a minute start first, one
-    # per worker, and everything shorter fills in around them (a stable sort: every xdist worker orders alike).
-    items.sort(key=lambda item: -_declared_seconds(item))
+    # per worker, and everything shorter fills in around them (a stable sort: every xdist worker orders alike). Only
+    # under xdist's loadgroup: in one process the sort would only set up the moved tests' module fixtures twice.
+    if getattr(config.option, "loadgroup", False):
+        items.sort(key=lambda item: -_declared_seconds(item))
     for item in items:
         group = _shared_fixture_group(item)
         if group and not _declared_seconds(item):     # a long wait starts on a worker of its own
@@ -69,14 +71,14 @@ def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
 def _shared_fixture_group(item) -> Optional[str]:
     """The xdist group of a test that uses a module- or session-wide fixture (a job spawned once for a module's
     checks, a Spark cluster), so that `make test` (--dist loadgroup) builds it on one worker instead of on every
-    worker that draws one of its tests: the module and the fixture's parameter, or the session fixture's name."""
+    worker that draws one of its tests: the module and the fixture's parameter, or a wider fixture's name."""
     info = getattr(item, "_fixtureinfo", None)
     params = getattr(getattr(item, "callspec", None), "params", {})
     for scope in ("session", "package", "module"):
         for name in sorted(info.name2fixturedefs if info else ()):
             definition = info.name2fixturedefs[name][-1]
             if definition.scope == scope and definition.baseid:     # the suite's own, not pytest's tmp_path_factory
-                where = name if scope == "session" else item.nodeid.split("::")[0]
+                where = item.nodeid.split("::")[0] if scope == "module" else name
                 # xdist reads a group after the last "@" only if no "]" follows it: "module:param", not "module[param]"
                 return f"{where}:{params[name]}" if name in params else where
     return None
