@@ -296,6 +296,11 @@ class MeshSetup:
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
                 sock.connect("\0" + name)
+            except BlockingIOError as exc:
+                # The listener is here but its backlog is full (a crowd of strangers): dial it again shortly.
+                # Falling back to TCP would meet the same crowd, and a dropped SYN waits a second to be resent.
+                sock.close()
+                raise _HandshakeCut(exc) from None
             except OSError:
                 sock.close()    # another network namespace after all: TCP
             else:
@@ -304,7 +309,7 @@ class MeshSetup:
         if address is None:
             raise HorovodInternalError(f"rank {self.rank} has no address for rank {peer}")
         try:
-            sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+            sock = _connect_tcp(address, deadline)
         except OSError as exc:
             raise self._dial_error(peer, address, exc) from None
         watch_liveness(sock, self.liveness)
@@ -357,6 +362,21 @@ class _HandshakeCut(Exception):
     def __init__(self, error: BaseException):
         super().__init__(str(error))
         self.error = error
+
+
+def _connect_tcp(address: Tuple[str, int], deadline: float) -> socket.socket:
+    """A TCP connection to ``address`` by ``deadline``. A SYN that a full accept queue dropped (a crowd of strangers on
+    the listener) is resent by the kernel only after a second; a new dial sooner, with patience that doubles up to
+    what is left, gets in as soon as the queue has room, and still waits out a slow link."""
+    patience = 0.25
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return socket.create_connection(address, timeout=max(0.1, min(patience, left)))
+        except TimeoutError:
+            if patience >= left:
+                raise
+            patience *= 2
 
 
 def _backlog(size: int) -> int:
