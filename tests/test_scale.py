@@ -63,11 +63,11 @@ def test_32_ranks_default_settings_negotiate_in_a_tree_with_log_frames_per_cycle
     assert worst <= bound, f"a rank handled {worst:.1f} frames per cycle (bound {bound})"
     cycles = max(r["cycles"] for r in results) / STEPS
     cycles_small = max(r["cycles"] for r in small) / STEPS
-    # A step is one burst of 200 cached names: one cycle when every rank has submitted them all before rank 0 starts
-    # one, else a cycle for what was in and one for the rest. How often the burst is split is the scheduler's (32
-    # ranks on 2 cores; 4 ranks split it too, 1.3-1.5 cycles per step here): never more than two.
+    # A step is one burst of 200 cached names, then a wait: one cycle, which starts once every rank waits (no cycle
+    # starts for a rank that merely submitted first, nor for one that waited in the last step). 1.0 here at both
+    # sizes; a burst the scheduler splits once in ten steps (32 ranks on 2 cores) is 0.1 more.
     print(f"cycles per step: {cycles:.2f} at 32 ranks, {cycles_small:.2f} at 4")
-    assert cycles <= 2.0, (cycles, cycles_small)
+    assert cycles <= max(cycles_small, 1.0) + 0.1, (cycles, cycles_small)
     # Threads: the main one, the engine's, the transport's I/O thread, whatever the world size.
     assert {r["threads"] for r in results} == {3}, sorted({r["threads"] for r in results})
 

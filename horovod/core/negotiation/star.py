@@ -155,6 +155,7 @@ class StarRoot(StarNegotiation):
         self._early_urgent = False                  # an early message carries a join or shutdown
         self._wanted = IDLE                         # the most urgent cycle request read from a follower
         self._last_start = float("-inf")            # when the last cycle started
+        self._waiting_since: Optional[float] = None  # when rank 0 last found work pending, after the last cycle
 
     def start(self) -> None:
         """Listen to every follower."""
@@ -180,6 +181,7 @@ class StarRoot(StarNegotiation):
             if peer not in self._early:
                 loop.transport.send_obj(peer, _GO_WIRE)
         self._wanted = IDLE
+        self._waiting_since = None
         self._early_names.clear()
         self._early_urgent = False
 
@@ -188,9 +190,11 @@ class StarRoot(StarNegotiation):
         loop = self.loop
         if self._wanted == NEW or self._cycle_is_useful():
             # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles
-            # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a waiting caller starts one at once.
+            # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a caller waiting or polling now starts one at
+            # once. (Not one that waited in the last cycle: a step that submits 200 gradients and then waits would
+            # start a cycle for its first gradient, and take two.)
             spacing = self._last_start + loop.batch_spacing() - time.monotonic()
-            if loop.waiters.blocked > 0 or loop.waiters.latency_bound() or spacing <= 0:
+            if loop.waiters.blocked > 0 or loop.waiters.polled or spacing <= 0:
                 return True
             loop.select([loop.wake.reader], spacing)
             loop.wake.drain()
@@ -201,7 +205,12 @@ class StarRoot(StarNegotiation):
             # are only seen by polling, soon (rank 0's own new requests start a cycle at once, above).
             timeout = self._last_start + max(loop.cycle_time, ANNOUNCED_POLL_SECONDS) - time.monotonic()
         elif loop.work() != IDLE or loop.sets[0].coordinator.waiting():
-            timeout = self._last_start + max(loop.cycle_time, POLL_SECONDS) - time.monotonic()
+            # Counted from when the wait began, not from the last cycle: a step longer than the interval would
+            # otherwise start a cycle the moment rank 0 submits, before any other rank could.
+            now = time.monotonic()
+            if self._waiting_since is None:
+                self._waiting_since = now
+            timeout = max(self._last_start, self._waiting_since) + max(loop.cycle_time, POLL_SECONDS) - now
         if timeout is not None and timeout <= 0:
             return True
         for fd in loop.select([loop.wake.reader] + list(self._followers), timeout):
@@ -366,7 +375,7 @@ class StarFollower(StarNegotiation):
         if self._queued_since is None:
             self._queued_since = now
         timeout = self._queued_since + loop.batch_spacing() - now
-        if loop.waiters.blocked > 0 or loop.waiters.latency_bound() or timeout <= 0:
+        if loop.waiters.blocked > 0 or loop.waiters.polled or timeout <= 0:
             loop.transport.send_obj(0, message_and_data(loop.sets[0], loop.shutting_down(), True).encode())
             self.presented = True
             self._queued_since = None

@@ -178,7 +178,10 @@ class TreeNegotiation(StarNegotiation):
             return True
         if self._new_since is not None:
             timeouts.append(self._new_since + POLL_SECONDS - now)
-        if loop.work() != IDLE or loop.sets[0].coordinator.waiting():
+        elif loop.work() != IDLE or loop.sets[0].coordinator.waiting():
+            # Answers awaited: look again a poll interval after the last cycle. (New requests wait the interval from
+            # when they came, above: counted from the last cycle, a step longer than the interval would start a
+            # cycle the moment rank 0 submits, before any other rank could.)
             timeouts.append(self._last_start + max(loop.cycle_time, POLL_SECONDS) - now)
         timeout = min(timeouts) if timeouts else None
         if timeout is not None and timeout <= 0:
