@@ -164,7 +164,7 @@ class Config:
     negotiation: str = _s(
         "auto", "how ranks agree on which tensors are ready: peer (every rank sends its requests to every other "
         "rank and all decide alike: one network hop), star (through rank 0: two hops, fewer messages), tree "
-        "(through rank 0 up and down a binary tree: a few frames per rank and cycle whatever the world size) or "
+        "(through rank 0 up and down a 3-ary tree: a few frames per rank and cycle whatever the world size) or "
         "auto (peer up to 4 ranks with a core each unless autotune runs, star up to 16, tree above)",
         choices=("auto", "peer", "star", "tree"), agreed=True)
     shm_min_bytes: int = _s(64 * 1024, "smallest collective that goes through shared memory; smaller ones use TCP, "

@@ -4,7 +4,7 @@ object per protocol (``peer``, ``star``, ``tree``) behind ``base.Negotiation``, 
 Three protocols, one object each, behind :class:`~horovod.core.negotiation.base.Negotiation`: *peer* (every rank
 sends its requests to every other rank and every member decides alike; small allreduces carry their data along),
 *star* (rank 0 coordinates, every rank talks to it) and *tree* (rank 0 coordinates, messages travel up and down a
-binary tree: no rank handles more than a few frames per cycle, whatever the world size). :func:`for_loop` picks one, identically on every rank, before any process set exists.
+3-ary tree: no rank handles more than a few frames per cycle, whatever the world size). :func:`for_loop` picks one, identically on every rank, before any process set exists.
 Invariants: the decisions themselves are :class:`horovod.core.coordinator.Coordinator`'s, a pure function of the
 messages; a protocol owns its state and reads the engine only through :class:`~horovod.core.negotiation.base.Loop`;
 nothing from the network is used before it is validated.
