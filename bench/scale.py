@@ -31,6 +31,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -279,6 +280,8 @@ def _summary(figures) -> str:
 def measure(args, nps):
     """Every run, alternating frameworks, ``args.repeats`` times per np (fewer past ``args.budget``)."""
     _become_subreaper()
+    # Ended by a signal (a timeout's), it unwinds like an error: the run's workers are ended by pid, not orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     runs, begun = [], time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for np_ in nps:

@@ -22,29 +22,25 @@ from __future__ import annotations
 import logging
 import select
 import threading
+import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from horovod.autotune import Autotuner
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.types import OpType, Request, Response
+from horovod.common.types import Request
 from horovod.core.execution import Executor
 from horovod.core.handles import Handle
 from horovod.core.negotiation import for_loop
-from horovod.core.negotiation.base import IDLE, NEW, report_stalls
+from horovod.core.negotiation.base import BATCH_SPACING_SECONDS, IDLE, NEW, report_stalls
 from horovod.core.ops import Entry
 from horovod.core.set_state import ProcessSets, SetState, close_segments
-from horovod.core.waiters import Waiters, Wakeup, spin_select
+from horovod.core.waiters import Waiters, Wakeup, shorter, spin_select
 from horovod.transport import shm
 
 __all__ = ["Engine", "SHUT_DOWN_MESSAGE"]
 
 log = logging.getLogger("horovod")
 
-# Cycles that nobody waits for (a backward pass submitting gradients one by one) are spaced by at least this much
-# unless HOROVOD_CYCLE_TIME is set: each cycle costs every rank a few wake-ups, a CPU-bound training step loses that
-# time, and a few milliseconds let a burst of gradients fuse into one buffer. A caller waiting for a result never
-# waits for it.
-_BATCH_SPACING_SECONDS = 0.010
 # While a caller blocks on a result, the loop polls its sockets for shm.spin_seconds(local ranks) before it sleeps in
 # select: a frame from a peer then costs no scheduler wake-up (20-40 us on a virtual machine), about a fifth of a
 # small allreduce. Only where every local rank has a core of its own, as for the shared-memory barriers.
@@ -58,13 +54,6 @@ _DRIVE_WAIT_SECONDS = 0.0005
 
 SHUT_DOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an "
                      "attempt to run a collective after hvd.shutdown().")
-
-
-def _shorter(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    """The shorter of two select timeouts, None being forever."""
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
 
 
 class _LoopEnded(Exception):
@@ -88,7 +77,7 @@ class Engine:
         self.waiters = Waiters()
         self.wake = Wakeup()
         self.cycle_time = config.cycle_time / 1000.0
-        # Left at its default, the cycle time spaces batching cycles by at least _BATCH_SPACING_SECONDS (below).
+        # Left at its default, the cycle time spaces batching cycles by at least BATCH_SPACING_SECONDS.
         self._default_spacing = not config.is_explicit("HOROVOD_CYCLE_TIME")
         self._shutdown = False
         self._stopped = False                   # the loop has ended; set before pending handles are failed
@@ -112,7 +101,8 @@ class Engine:
                                  self.negotiation.every_member_coordinates, timeline is not None)
         self.sets: Dict[int, SetState] = self._sets.by_id     # the loop adds and removes sets, between cycles
         self.autotuner = Autotuner(config, self._apply_tuning) if config.autotune and rank == 0 else None
-        self._executor = Executor(timeline, self._apply_set_change, count_bytes=self.autotuner is not None)
+        self._executor = Executor(timeline, lambda response: self._sets.apply(response, self.negotiation.forget),
+                                  count_bytes=self.autotuner is not None)
         self.on_process_sets_changed: Optional[Callable[[int, Optional[Tuple[int, ...]]], None]] = None
         self._patience = getattr(transport, "patience", None)    # names what a wait on a busy peer is for
 
@@ -268,7 +258,7 @@ class Engine:
         """Sleep on the wake-up socket only, for at most the batch spacing (see :meth:`select`)."""
         self._parked = True
         try:
-            select.select([self.wake.reader], [], [], _shorter(timeout, max(self.batch_spacing(), _MIN_PARK_SECONDS)))
+            select.select([self.wake.reader], [], [], shorter(timeout, max(self.batch_spacing(), _MIN_PARK_SECONDS)))
         finally:
             self._parked = False
 
@@ -284,9 +274,13 @@ class Engine:
         """NEW when requests wait to be negotiated (or shutdown), PENDING when only answers are awaited, else IDLE."""
         return NEW if self._shutdown else self._sets.work()
 
+    def clock(self) -> float:
+        """Seconds on the OS's monotonic clock (the negotiation's only clock)."""
+        return time.monotonic()
+
     def batch_spacing(self) -> float:
         """How long requests gather before a cycle nobody waits for."""
-        return max(self.cycle_time, _BATCH_SPACING_SECONDS) if self._default_spacing else self.cycle_time
+        return max(self.cycle_time, BATCH_SPACING_SECONDS) if self._default_spacing else self.cycle_time
 
     def _run(self) -> None:
         """The engine thread: run the loop, except while a waiting caller runs it (see :meth:`drive`)."""
@@ -397,12 +391,3 @@ class Engine:
             if decision.shutdown:
                 return True
         return False
-
-    def _apply_set_change(self, response: Response):
-        """Add or remove a process set, as every rank does in this cycle; the result is the caller's answer."""
-        ranks = tuple(response.payload or ())
-        if response.op == OpType.ADD_PROCESS_SET:
-            return self._sets.add_new(ranks)
-        set_id = ranks[0] if ranks else -1
-        self.negotiation.forget(set_id)
-        return self._sets.remove(set_id)

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from horovod.algorithms.group import Group
 from horovod.algorithms.hierarchical import Hierarchy
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.types import Request
+from horovod.common.types import OpType, Request, Response
 from horovod.core.coordinator import Coordinator
 from horovod.core.ops import Entry
 from horovod.core.response_cache import ResponseCache
@@ -100,6 +100,16 @@ class ProcessSets:
             entry.handle.set_exception(HorovodInternalError(f"process set {set_id} was removed"))
         close_segments(removed)
         return True
+
+    def apply(self, response: Response, forget: Callable[[int], None]):
+        """Add or remove a process set, as every rank does in this cycle (``forget`` tells the negotiation of a
+        removed one); the result is the caller's answer."""
+        ranks = tuple(response.payload or ())
+        if response.op == OpType.ADD_PROCESS_SET:
+            return self.add_new(ranks)
+        set_id = ranks[0] if ranks else -1
+        forget(set_id)
+        return self.remove(set_id)
 
     def set_fusion_threshold(self, fusion_threshold: int) -> None:
         """Every coordinator of this rank plans fusion up to ``fusion_threshold`` bytes (autotune's choice)."""

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Optional
 
-__all__ = ["Waiters", "Wakeup", "spin_select"]
+__all__ = ["Waiters", "Wakeup", "shorter", "spin_select"]
 
 
 class Waiters:
@@ -45,6 +45,13 @@ class Waiters:
         """A cycle starts: what was "since the last cycle" becomes "the cycle before"."""
         self.waited_before, self.waited = self.waited, self.blocked > 0
         self.polled = False
+
+
+def shorter(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """The shorter of two select timeouts, None being forever."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
 
 
 class Wakeup:

@@ -19,10 +19,15 @@ from horovod.core.set_state import IDLE, NEW, PENDING, SetState
 from horovod.core.waiters import Waiters, Wakeup
 from horovod.transport.base import Transport
 
-__all__ = ["POLL_SECONDS", "IDLE", "PENDING", "NEW", "Batch", "Loop", "Negotiation", "report_stalls",
+__all__ = ["POLL_SECONDS", "BATCH_SPACING_SECONDS", "IDLE", "PENDING", "NEW", "Batch", "Loop", "Negotiation", "report_stalls",
            "plain_batches"]
 
 POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
+# Cycles that nobody waits for (a backward pass submitting gradients one by one) are spaced by at least this much
+# unless HOROVOD_CYCLE_TIME is set: each cycle costs every rank a few wake-ups, a CPU-bound training step loses that
+# time, and a few milliseconds let a burst of gradients fuse into one buffer. A caller waiting for a result never
+# waits for it.
+BATCH_SPACING_SECONDS = 0.010
 log = logging.getLogger("horovod")
 
 
@@ -58,6 +63,9 @@ class Loop(Protocol):
 
     def work(self) -> int:
         """NEW when requests wait to be negotiated (or shutdown), PENDING when only answers are awaited, else IDLE."""
+
+    def clock(self) -> float:
+        """Seconds on a monotonic clock: the engine's is the OS's, a simulation's is virtual."""
 
 
 class Negotiation(abc.ABC):

@@ -11,7 +11,6 @@ measurements: docs/engine.md.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Dict, List, Optional, Tuple
 
 from horovod.common.types import OpType
@@ -85,7 +84,7 @@ class PeerNegotiation(Negotiation):
         while True:
             timeout = None
             if not self.presented:
-                now = time.monotonic()
+                now = self.loop.clock()
                 timeout = self._frame_due(now)
                 if timeout is not None and timeout <= 0:
                     self._send_frame(now)
@@ -100,7 +99,7 @@ class PeerNegotiation(Negotiation):
             self._read(loop.select([loop.wake.reader] + waiting, timeout))
         self.presented = self._warned = False
         self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
-        self._last_start = time.monotonic()
+        self._last_start = self.loop.clock()
 
     def _liveness_bound(self, waiting: List[int], timeout: Optional[float]) -> Optional[float]:
         """A live peer answers a frame within a poll interval, idle or not; one that has not for half the
@@ -109,7 +108,7 @@ class PeerNegotiation(Negotiation):
         timeout (:mod:`horovod.transport.patience`: one warning for the job, and a bound)."""
         transport = self.loop.transport
         tick = transport.timeout / 2
-        now = time.monotonic()
+        now = self.loop.clock()
         silent_for = now - self._own_clock
         left = self._told_at + tick - now if self._warned else tick - silent_for
         if left > 0:
@@ -130,7 +129,7 @@ class PeerNegotiation(Negotiation):
                 continue    # read by a caller that ran the loop meanwhile (the list was made before)
             self._inbox[peer] = receive(loop.transport, peer, Peer)
             if self._inbox_since is None:
-                self._inbox_since = time.monotonic()
+                self._inbox_since = self.loop.clock()
 
     def _frame_due(self, now: float) -> Optional[float]:
         """In how long this rank's frame for the next cycle is due (<= 0: now; None: not yet)."""

@@ -10,7 +10,6 @@ so a backward pass does not pay a cycle per gradient. Rank 0 plays :class:`StarR
 from __future__ import annotations
 
 import logging
-import time
 from typing import Dict, List, Optional, Set, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
@@ -99,7 +98,7 @@ class StarNegotiation(Negotiation):
             self.held.hold(0, 0, _relayed(state, requests))
         for position, peer in enumerate(state.ranks[1:], 1):
             messages.append(self._hold(state, position, self._recv_message(state, peer)))
-        batches, stop, reports, arrivals = state.coordinator.step(messages, time.monotonic())
+        batches, stop, reports, arrivals = state.coordinator.step(messages, self.loop.clock())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (star) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
         decided, reply = self._reply_with_data(state, stop, batches)
@@ -175,7 +174,7 @@ class StarRoot(StarNegotiation):
         while not self._due():
             pass
         loop.wake.drain()
-        self._last_start = time.monotonic()
+        self._last_start = self.loop.clock()
         for peer in range(1, loop.size):
             # A rank whose message is here learns of the cycle from the reply itself: one frame and wake-up less.
             if peer not in self._early:
@@ -193,7 +192,7 @@ class StarRoot(StarNegotiation):
             # are spaced by HOROVOD_CYCLE_TIME so that tensors fuse; a caller waiting or polling now starts one at
             # once. (Not one that waited in the last cycle: a step that submits 200 gradients and then waits would
             # start a cycle for its first gradient, and take two.)
-            spacing = self._last_start + loop.batch_spacing() - time.monotonic()
+            spacing = self._last_start + loop.batch_spacing() - self.loop.clock()
             if loop.waiters.blocked > 0 or loop.waiters.polled or spacing <= 0:
                 return True
             loop.select([loop.wake.reader], spacing)
@@ -203,11 +202,11 @@ class StarRoot(StarNegotiation):
         if self._early_names:
             # A follower that has sent its message stays silent until the cycle: requests it made since
             # are only seen by polling, soon (rank 0's own new requests start a cycle at once, above).
-            timeout = self._last_start + max(loop.cycle_time, ANNOUNCED_POLL_SECONDS) - time.monotonic()
+            timeout = self._last_start + max(loop.cycle_time, ANNOUNCED_POLL_SECONDS) - self.loop.clock()
         elif loop.work() != IDLE or loop.sets[0].coordinator.waiting():
             # Counted from when the wait began, not from the last cycle: a step longer than the interval would
             # otherwise start a cycle the moment rank 0 submits, before any other rank could.
-            now = time.monotonic()
+            now = self.loop.clock()
             if self._waiting_since is None:
                 self._waiting_since = now
             timeout = max(self._last_start, self._waiting_since) + max(loop.cycle_time, POLL_SECONDS) - now
@@ -320,7 +319,7 @@ class StarFollower(StarNegotiation):
             # executing, and a frame arriving then would land in the middle of the data phase.
             if not self.presented and loop.work() == NEW:
                 if self._presentable():
-                    timeout = self._present(time.monotonic())
+                    timeout = self._present(self.loop.clock())
                 elif self._asked != NEW:
                     # Work rank 0 cannot see (another set, shutdown): a cycle now.
                     loop.transport.send_obj(0, _WANT_WIRE)
@@ -348,7 +347,7 @@ class StarFollower(StarNegotiation):
         tick = self.loop.transport.timeout / 2
         if tick <= 0:
             return timeout
-        now = time.monotonic()
+        now = self.loop.clock()
         if self._asked_at is None:
             self._asked_at = now
         silent = now - self._asked_at

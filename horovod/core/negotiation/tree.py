@@ -32,7 +32,6 @@ as under the star, through their first rank. The default for which world size: :
 from __future__ import annotations
 
 import logging
-import time
 from typing import Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
@@ -154,7 +153,7 @@ class TreeNegotiation(StarNegotiation):
         if self._parent is None:
             while not self._root_due():
                 pass
-            self._last_start = time.monotonic()
+            self._last_start = self.loop.clock()
         else:
             while not self._node_due():
                 pass
@@ -172,7 +171,7 @@ class TreeNegotiation(StarNegotiation):
         loop = self.loop
         if self._all_wait():
             return True
-        now = time.monotonic()
+        now = self.loop.clock()
         bits = self._wants(now)
         if bits & WANT_NOW:
             return True
@@ -205,7 +204,7 @@ class TreeNegotiation(StarNegotiation):
                 self._send(self._parent, Up(groups, datas).encode())
                 self.presented = True
             else:
-                now = time.monotonic()
+                now = self.loop.clock()
                 bits = self._wants(now)
                 if bits & ~self._told:
                     self._send(self._parent, Want(bits).encode())
@@ -293,7 +292,7 @@ class TreeNegotiation(StarNegotiation):
         seen = sum(len(ranks) for ranks, _ in groups)
         if seen != self.loop.size or len({r for ranks, _ in groups for r in ranks}) != self.loop.size:
             raise HorovodInternalError(f"rank 0 gathered negotiation messages for {seen} ranks of {self.loop.size}")
-        batches, stop, reports, arrivals = state.coordinator.step_groups(group_messages(groups), time.monotonic())
+        batches, stop, reports, arrivals = state.coordinator.step_groups(group_messages(groups), self.loop.clock())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (tree): %s", [n for b in batches for r in b for n in r.names])
         decided, reply = self._reply_with_data(state, stop, batches)

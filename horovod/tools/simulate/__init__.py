@@ -1,0 +1,7 @@
+"""A deterministic simulation of the control plane: the real negotiation, coordinator, response cache and frames of
+thousands of ranks in one process, over a virtual network and clock, with faults drawn from a seed.
+
+:mod:`~horovod.tools.simulate.world` (clock, events, cores, links, faults), :mod:`~horovod.tools.simulate.rank` (one
+rank behind the engine's loop seam), :mod:`~horovod.tools.simulate.job` (the training loop and the invariants);
+``python -m horovod.tools.simulate`` runs it (``docs/scaling.md`` says what is run and what is modelled).
+"""

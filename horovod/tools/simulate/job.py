@@ -1,0 +1,256 @@
+"""A simulated job: its ranks, the training loop each rank's caller runs, the faults a seed injects, and the invariants
+checked after every event.
+
+The workload is a training loop: each step every rank submits ``tensors`` allreduces (small ones, whose data rides
+the negotiation; even and odd tensors of two dtypes, so that a cycle decides two batches), waits for all of them, then
+computes for ``compute`` seconds (with jitter from the seed). The first step's names are new; later steps are
+cached. After the last step every rank shuts down.
+
+Invariants (:class:`InvariantViolation` names the seed): every rank decides the same batches in the same order in
+each cycle; no handle completes twice; when nothing is left to happen every live rank has ended (no deadlock); with no
+fault, no rank fails and every step completes; with a lost rank or a partition, every survivor fails naming a lost
+rank or ends with the job.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from horovod.common.config import load_config
+from horovod.common.types import OpType, ReduceOp, Request
+from horovod.core.ops import Entry
+from horovod.tools.simulate.rank import SimHandle, SimRank, greenlet
+from horovod.tools.simulate.world import World
+
+__all__ = ["InvariantViolation", "Workload", "Job"]
+
+
+class InvariantViolation(AssertionError):
+    """An invariant broke; the message starts with the seed that replays it."""
+
+
+class Workload:
+    """The training loop every rank runs (see the module's docstring)."""
+
+    def __init__(self, steps: int = 4, tensors: int = 20, count: int = 1, compute: float = 0.002,
+                 jitter: float = 0.2):
+        self.steps, self.tensors, self.count, self.compute, self.jitter = steps, tensors, count, compute, jitter
+        self.arrays = (np.ones(count, np.float32), np.ones(count, np.float64))
+
+    def requests(self) -> List[Tuple[Request, np.ndarray]]:
+        """One step's requests, in submission order, each with its (shared, read-only) array."""
+        out = []
+        for i in range(self.tensors):
+            array = self.arrays[i % 2]
+            out.append((Request(f"allreduce.grad.{i}", OpType.ALLREDUCE, str(array.dtype), array.shape,
+                                ReduceOp.AVERAGE), array))
+        return out
+
+
+class Job:
+    """``size`` simulated ranks over ``world`` running ``workload``; :meth:`run` returns the figures."""
+
+    def __init__(self, world: World, workload: Workload, env: Optional[Dict[str, str]] = None,
+                 break_order: int = -1):
+        self.world, self.size, self.workload = world, world.size, workload
+        self.break_order = break_order
+        self.hub = greenlet.getcurrent()
+        config = load_config({"HOROVOD_SHM_DISABLE": "1", **(env or {})})
+        self.ranks = [SimRank(self, r, config) for r in range(self.size)]
+        self._requests = workload.requests()
+        self._step: List[int] = [0] * self.size
+        self._left: List[int] = [0] * self.size
+        self._cores: Dict[int, Tuple[int, int]] = {}     # rank -> (host, core) while it runs
+        self._decided: Dict[int, Tuple[int, tuple]] = {}  # cycle -> (first rank, what it decided)
+        self.step_submitted: Dict[int, float] = {}       # step -> when its last rank submitted
+        self.step_done: Dict[int, float] = {}            # step -> when its last rank had every result
+        self.snapshots: Dict[int, List[Tuple[int, int, int, int]]] = {}   # step -> (frames, bytes, cycles, busy)
+        self.killed: List[int] = []
+        self.fault_at: Optional[float] = None
+        self.failed_at: Dict[int, float] = {}
+        self.first_failure: Optional[int] = None          # the rank that failed first, and in which cycle
+        self.first_failure_cycle: Optional[int] = None
+
+    # -- running ---------------------------------------------------------------------------------------------------
+
+    def run(self, max_events: int = 50_000_000) -> "Job":
+        """Run until nothing is left to happen, checking the invariants after every event.
+
+        Raises:
+            InvariantViolation: an invariant broke (the message names the seed).
+        """
+        for rank in self.ranks:
+            rank.start()
+            self.world.at(0.0, lambda r=rank: self._begin_step(r))
+        for when, rank in self.world.faults.kill:
+            self.world.at(when, lambda r=rank: self._kill(r))
+        if self.world.faults.partition is not None:
+            self.world.at(self.world.faults.partition[0], self._partition)
+        while self.world.step():
+            if self.world.events_run > max_events:
+                self._violation(f"more than {max_events} events: a livelock")
+        self._check_end()
+        return self
+
+    def run_starts(self, rank: SimRank, now: float) -> Optional[float]:
+        """A core for ``rank``'s run from ``now``, or None (its resume is queued for when one frees)."""
+        host = self.world.hosts[self.world.host_of(rank.rank)]
+        core, start = host.start(now)
+        if start > now:
+            self.world.at(start, rank._resume)
+            return None
+        host.free[core] = float("inf")
+        self._cores[rank.rank] = (host.index, core)
+        return start
+
+    def run_ended(self, rank: SimRank, clock: float) -> None:
+        """``rank``'s run ended at its ``clock``: its core is free from then."""
+        held = self._cores.pop(rank.rank, None)
+        if held is not None:
+            self.world.hosts[held[0]].free[held[1]] = clock
+
+    def send(self, sender: int, receiver: int, payload: bytes, sent: float) -> None:
+        """Carry a frame; it is read from the receiver's connection when it arrives."""
+        for when in self.world.arrival(sender, receiver, sent, len(payload)):
+            self.world.at(when, lambda: self._deliver(sender, receiver, payload))
+
+    def _deliver(self, sender: int, receiver: int, payload: bytes) -> None:
+        rank = self.ranks[receiver]
+        if rank.dead:
+            return
+        # What a lost rank sent before it died is still read, before the broken connection is seen (TCP).
+        rank.transport.inbox.setdefault(sender, deque()).append(payload)
+        rank.readable(sender)
+
+    # -- the callers' training loop ----------------------------------------------------------------------------------
+
+    def _begin_step(self, rank: SimRank) -> None:
+        if rank.dead or rank.error is not None:
+            return
+        step = self._step[rank.rank]
+        if step >= self.workload.steps:
+            rank.shutdown = True
+            rank.wake.notify()
+            return
+        state = rank.sets[0]
+        with state.lock:
+            for request, array in self._requests:
+                state.entries[request.name] = Entry(request, array, None, SimHandle(request.name, rank), 0)
+                state.queue.append(request)
+        self._left[rank.rank] = len(self._requests)
+        self.step_submitted[step] = self.world.now
+        rank.waiters.blocked = 1
+        rank.waiters.waited = True
+        rank.wake.notify()
+
+    def handle_done(self, rank: SimRank, handle: SimHandle) -> None:
+        """A handle completed: when it was the step's last, the caller computes, then starts the next step."""
+        if handle.error is not None:
+            self._violation(f"rank {rank.rank}: {handle.name!r} failed without a fault: {handle.error}") \
+                if not self._faulty() else None
+        self._left[rank.rank] -= 1
+        if self._left[rank.rank]:
+            return
+        step = self._step[rank.rank]
+        self.step_done[step] = rank.clock()
+        self.snapshots.setdefault(step, [None] * self.size)[rank.rank] = self._snapshot(rank)
+        self._step[rank.rank] += 1
+        rank.waiters.blocked = 0
+        compute = self.workload.compute * (1 + self.workload.jitter * self.world.rng.random())
+        self.world.at(rank.clock() + compute, lambda: self._begin_step(rank))
+
+    @staticmethod
+    def _snapshot(rank: SimRank) -> Tuple[int, int, int, float]:
+        t = rank.transport
+        return t.frames_in + t.frames_out, t.bytes_in + t.bytes_out, rank.cycles, rank.busy
+
+    # -- faults ----------------------------------------------------------------------------------------------------
+
+    def _faulty(self) -> bool:
+        """Whether a fault may fail the job: a lost rank, a partition, or a duplicated frame; a delay alone must
+        never fail it."""
+        faults = self.world.faults
+        return bool(faults.kill) or faults.partition is not None or faults.duplicate > 0
+
+    def _kill(self, index: int) -> None:
+        rank = self.ranks[index]
+        if rank.dead or rank.finished:
+            return
+        rank.dead = True
+        self.killed.append(index)
+        self.fault_at = self.world.now if self.fault_at is None else self.fault_at
+        for peer in sorted(rank.transport.peers | self._listeners_of(index)):
+            delay = self.world.detection_delay(index, peer, process_only=True)
+            self.world.at(self.world.now + delay, lambda p=peer: self.ranks[p].connection_closed(index, index))
+
+    def _listeners_of(self, index: int):
+        return {r.rank for r in self.ranks if index in r.transport.peers}
+
+    def _partition(self) -> None:
+        self.world.cut = True
+        self.fault_at = self.world.now if self.fault_at is None else self.fault_at
+        for rank in self.ranks:
+            for peer in sorted(rank.transport.peers):
+                if self.world.severed(rank.rank, peer):
+                    delay = self.world.detection_delay(peer, rank.rank, process_only=False)
+                    self.world.at(self.world.now + delay, lambda r=rank, p=peer: r.connection_closed(p, p))
+
+    def _losses_only(self) -> bool:
+        return not self.world.faults.duplicate
+
+    def failed_alone(self) -> List[int]:
+        """Ranks that completed the job while others failed before the job's last cycle was decided."""
+        if self.first_failure is None or self.first_failure_cycle is None:
+            return []
+        return [r.rank for r in self.ranks if r.finished and r.error is None and not r.dead
+                and r.cycles > self.first_failure_cycle + 1]
+
+    def rank_failed(self, rank: SimRank) -> None:
+        """``rank`` raised HorovodInternalError: it closes its connections, passing on whose loss it was."""
+        self.failed_at[rank.rank] = rank.clock()
+        if self.first_failure is None:
+            self.first_failure, self.first_failure_cycle = rank.rank, rank.cycles
+        if not self._faulty():
+            self._violation(f"rank {rank.rank} failed without a fault: {rank.error}")
+        lost = next(iter(rank.transport.closed.values()), rank.rank)
+        for peer in sorted(rank.transport.peers | self._listeners_of(rank.rank)):
+            if not self.world.severed(rank.rank, peer):
+                self.world.at(rank.clock() + self.world.detection_delay(rank.rank, peer, True),
+                              lambda p=peer: self.ranks[p].connection_closed(rank.rank, lost))
+
+    # -- invariants ------------------------------------------------------------------------------------------------
+
+    def cycle_decided(self, rank: SimRank, cycle: int, signature: tuple) -> None:
+        """Every rank must decide the same batches in the same order in each cycle."""
+        first = self._decided.setdefault(cycle, (rank.rank, signature))
+        if first[1] != signature:
+            self._violation(f"cycle {cycle}: rank {rank.rank} decided {_short(signature)}, rank {first[0]} "
+                            f"decided {_short(first[1])}")
+
+    def _check_end(self) -> None:
+        for rank in self.ranks:
+            if rank.dead:
+                continue
+            if rank.error is None and not rank.finished:
+                self._violation(f"deadlock: rank {rank.rank} neither ended nor failed, and nothing is left to "
+                                f"happen (it waits for {sorted(rank._waiting or ())})")
+            if not self._faulty() and self._step[rank.rank] != self.workload.steps:
+                self._violation(f"rank {rank.rank} ended after {self._step[rank.rank]} steps of "
+                                f"{self.workload.steps}")
+            if rank.error is not None and self._losses_only() and "was lost" not in str(rank.error):
+                self._violation(f"rank {rank.rank} failed without naming a lost rank: {rank.error}")
+        failed = [r.rank for r in self.ranks if r.error is not None]
+        if failed and self.failed_alone():
+            self._violation(f"ranks {failed[:8]} failed, but ranks {self.failed_alone()[:8]} ended the job "
+                            f"without seeing it")
+
+    def _violation(self, what: str) -> None:
+        raise InvariantViolation(f"seed {self.world.seed}: {what} (replay: the same seed, ranks and faults)")
+
+
+def _short(signature: tuple) -> str:
+    return "; ".join(f"{OpType(op).name if op in OpType._value2member_map_ else op} {list(names)[:3]}"
+                     for op, names in signature)[:300]

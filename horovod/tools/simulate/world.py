@@ -1,0 +1,166 @@
+"""The simulated world: a virtual clock, one event queue, hosts with cores, links with latency and bandwidth, and the
+faults a seed draws. Every rank runs in a greenlet (a coroutine, not an OS thread) that the world resumes when what
+it waits for arrives; nothing here reads the wall clock or the OS's randomness, so a seed replays exactly.
+
+A rank's run (from one resume to its next wait) takes a core of its host for the CPU the model charges it: a
+wake-up, plus a cost per frame and per byte it reads or writes. A frame leaves when its sender's clock says it was
+sent and arrives a link's latency and its bytes' transfer time later, plus whatever delay a fault adds. Frames of one
+connection arrive in the order they were sent, as TCP delivers them; delays make frames of different connections
+overtake each other. A duplicated frame (a fault no TCP connection commits, for testing the protocol's checks) is the
+one exception.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+__all__ = ["CpuModel", "LinkModel", "Faults", "Host", "World", "draw_faults"]
+
+
+@dataclass(frozen=True)
+class CpuModel:
+    """What a rank's work costs, in seconds of one core: calibrated from measured small jobs (see
+    :mod:`horovod.tools.simulate.calibration`)."""
+
+    wake: float = 40e-6          # a wake-up: the scheduler, and a Python process running cold
+    frame: float = 15e-6         # reading or writing one control frame (codec, checks, the protocol's step)
+    byte: float = 2e-9           # per byte of a frame
+    cycle: float = 30e-6         # one cycle's bookkeeping (the engine's step, the response cache)
+    name: float = 1e-6           # per name a cycle decides (the coordinator, execution's bookkeeping)
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """A connection between two ranks: on one host (loopback) or across hosts."""
+
+    local_latency: float = 20e-6
+    local_bandwidth: float = 2e9        # bytes per second
+    remote_latency: float = 50e-6
+    remote_bandwidth: float = 1.25e9
+    detect: float = 10.0                # seconds until a dead host's peers give up on it (keepalive)
+
+
+@dataclass
+class Faults:
+    """What a seed may break: probabilities per frame, and events at given times."""
+
+    delay: float = 0.0                  # probability that a frame is held back
+    delay_max: float = 0.005            # for at most this long (seconds)
+    duplicate: float = 0.0              # probability that a frame arrives twice
+    kill: List[Tuple[float, int]] = field(default_factory=list)       # (time, rank): the process dies
+    partition: Optional[Tuple[float, int]] = None   # (time, first host of the second side): links between cut
+    slow: Dict[int, float] = field(default_factory=dict)               # rank -> CPU cost multiplier
+
+
+class Host:
+    """A host's cores: when each is free next."""
+
+    def __init__(self, index: int, cores: int):
+        self.index = index
+        self.free = [0.0] * cores
+
+    def start(self, at: float) -> Tuple[int, float]:
+        """The core that frees first, and when a run asked for at ``at`` can start on it."""
+        core = min(range(len(self.free)), key=self.free.__getitem__)
+        return core, max(at, self.free[core])
+
+
+class World:
+    """The clock, the event queue, the hosts and the network of one simulated job."""
+
+    def __init__(self, size: int, slots: int, cores: int, seed: int, cpu: CpuModel = CpuModel(),
+                 link: LinkModel = LinkModel(), faults: Optional[Faults] = None):
+        self.size, self.slots, self.seed = size, slots, seed
+        self.now = 0.0
+        self.rng = random.Random(seed)
+        self.cpu, self.link = cpu, link
+        self.faults = faults or Faults()
+        self.hosts = [Host(h, cores) for h in range((size + slots - 1) // slots)]
+        self._events: List[Tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._last_arrival: Dict[Tuple[int, int], float] = {}
+        self.cut = False              # a partition is in effect
+        self.events_run = 0
+
+    def host_of(self, rank: int) -> int:
+        """The host a rank runs on (``slots`` consecutive ranks per host)."""
+        return rank // self.slots
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        """Run ``action`` at virtual time ``when`` (events at the same time run in the order they were asked for)."""
+        heapq.heappush(self._events, (max(when, self.now), next(self._seq), action))
+
+    def step(self) -> bool:
+        """Run the next event; False when there is none."""
+        if not self._events:
+            return False
+        self.now, _, action = heapq.heappop(self._events)
+        self.events_run += 1
+        action()
+        return True
+
+    def pending(self) -> int:
+        """Events still queued."""
+        return len(self._events)
+
+    def severed(self, a: int, b: int) -> bool:
+        """Whether the partition separates ranks ``a`` and ``b``."""
+        if not self.cut or self.faults.partition is None:
+            return False
+        first = self.faults.partition[1]
+        return (self.host_of(a) >= first) != (self.host_of(b) >= first)
+
+    def arrival(self, sender: int, receiver: int, sent: float, nbytes: int) -> List[float]:
+        """When a frame sent at ``sent`` arrives (twice when a fault duplicates it); [] when a partition drops it."""
+        if self.severed(sender, receiver):
+            return []
+        local = self.host_of(sender) == self.host_of(receiver)
+        link = self.link
+        latency, bandwidth = (link.local_latency, link.local_bandwidth) if local else \
+            (link.remote_latency, link.remote_bandwidth)
+        when = sent + latency + nbytes / bandwidth
+        faults, rng = self.faults, self.rng
+        if faults.delay and rng.random() < faults.delay:
+            when += rng.random() * faults.delay_max
+        key = (sender, receiver)
+        when = max(when, self._last_arrival.get(key, 0.0))     # one connection delivers in order
+        self._last_arrival[key] = when
+        times = [when]
+        if faults.duplicate and rng.random() < faults.duplicate:
+            times.append(when + rng.random() * faults.delay_max)
+        return times
+
+    def detection_delay(self, dead: int, peer: int, process_only: bool) -> float:
+        """How long ``peer`` takes to see its connection to ``dead`` break: a killed process's kernel closes its
+        sockets at once (a network hop), a lost host or link is found by keepalive."""
+        if process_only and not self.severed(dead, peer):
+            local = self.host_of(dead) == self.host_of(peer)
+            return self.link.local_latency if local else self.link.remote_latency
+        return self.link.detect
+
+
+def draw_faults(seed: int, size: int, slots: int, horizon: float) -> Faults:
+    """Faults drawn from ``seed`` for a job of ``size`` ranks that runs about ``horizon`` seconds: none, a lost rank
+    (rank 0, any other, interior or leaf), two lost ranks, a partition, frames held back (so that frames of different
+    connections overtake each other), or a slow rank; the same seed always draws the same faults."""
+    rng = random.Random(seed * 7919 + size)
+    kind = rng.choice(("none", "kill", "kill0", "kill2", "partition", "delay", "slow"))
+    at = rng.uniform(0.0, horizon)
+    hosts = (size + slots - 1) // slots
+    if kind == "kill":
+        return Faults(kill=[(at, rng.randrange(1, size))])
+    if kind == "kill0":
+        return Faults(kill=[(at, 0)])
+    if kind == "kill2":
+        return Faults(kill=[(at, rng.randrange(size)), (at + rng.uniform(0, horizon / 4), rng.randrange(size))])
+    if kind == "partition" and hosts > 1:
+        return Faults(partition=(at, rng.randrange(1, hosts)))
+    if kind == "delay":
+        return Faults(delay=rng.uniform(0.05, 0.5), delay_max=rng.uniform(1e-4, 5e-3))
+    if kind == "slow":
+        return Faults(slow={rng.randrange(size): rng.uniform(2, 20)})
+    return Faults()
