@@ -88,8 +88,6 @@ class Engine:
         self._loop_lock = threading.Lock()
         self._loop_ended = False
         self._drives = 0                        # how many times a waiting thread took the loop
-        self._driving = False                   # a waiting thread runs the loop now
-        self._handed_back = threading.Event()   # set when a waiting thread lets go of the loop with work left
         self.cycles = 0                         # cycles run so far (tests and benchmarks read it)
         self._parked = False                    # the engine thread sleeps deaf to peers (see select)
         self._driver_sleeping = False           # the waiting thread running the loop sleeps in select
@@ -238,12 +236,6 @@ class Engine:
         self._loop_lock.release()
         try:
             readable = self._park(timeout) if park else self._poll(fds, timeout)
-            while park and self._driving and not self._loop_ended:
-                # A waiting caller runs the loop. Taking it back the moment the caller lets go, as a blocked
-                # acquire would, costs both threads a hand-off per op (a fifth of a small allreduce's CPU at 64
-                # ranks on 2 cores); the caller hands it back only when it leaves work behind (see drive).
-                self._handed_back.wait(max(self.batch_spacing(), _MIN_PARK_SECONDS))
-                self._handed_back.clear()
         except (OSError, ValueError):
             readable = None     # a caller ended the loop and closed what we waited on
         finally:
@@ -324,7 +316,6 @@ class Engine:
             close_segments(state)
         self._loop_ended = True
         self.wake.notify()      # an engine thread asleep in select learns of it
-        self._handed_back.set()
 
     def drive(self, handle: Handle) -> bool:
         """Run the loop on this (waiting) thread until ``handle`` completes, if the engine thread sleeps.
@@ -340,7 +331,6 @@ class Engine:
         self.waiters.add(1)
         self.waiters.waited = True
         self._drives += 1
-        self._driving = True
         try:
             self._run_steps(lambda: handle.finished)
         except BaseException:
@@ -355,11 +345,8 @@ class Engine:
             raise
         finally:
             self._driver_sleeping = False
-            self._driving = False
             self.waiters.add(-1)
             self._loop_lock.release()
-            if self.work() != IDLE:
-                self._handed_back.set()     # the engine thread takes over what is left
         return handle.finished
 
     def _apply_tuning(self, fusion_threshold: int, cycle_time_ms: float) -> None:

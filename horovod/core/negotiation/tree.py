@@ -55,7 +55,7 @@ _UP_OR_WANT = (Up, Want)
 
 # Children per rank. Frames per cycle are the same for any arity (two per rank), but on a crowded host every hop waits
 # for a core, so a shallower tree is faster: against two, three made 4 B allreduces at 32 and 64 ranks on 2 cores
-# 10-25 % faster (A/B, three runs each); four was no faster, and an interior rank handles 2 × ARITY + 2 frames per
+# 5-15 % faster (A/B, three runs each); four was no faster, and an interior rank handles 2 × ARITY + 2 frames per
 # cached cycle (ten for four, with requests for cycles now and then 12: the bound 2 log2 n + 2 at 32 ranks).
 ARITY = 3
 
