@@ -3,8 +3,8 @@
 Connections themselves are opened when a collective first needs them (:mod:`horovod.transport.mesh`); ``init``
 waits only until every rank has published. Up to :data:`DIRECT_RECORDS_MAX_RANKS` ranks, each rank reads every
 record in one request; in a larger job only rank 0 does, and the records travel down the negotiation tree (rank
-``r`` hands them to its children, ``3r + 1`` to ``3r + 3``, over connections the tree uses anyway), so the launcher holds one
-waiting request instead of one per rank.
+``r`` hands them to its children, ``3r + 1`` to ``3r + 3``, over connections the tree uses anyway), so the launcher
+holds one waiting request instead of one per rank.
 
 The address we publish is the one this host uses to reach the rendezvous server (or the interface named by
 ``HOROVOD_GLOO_IFACE``): an address our peers can reach, found by routing rather than guessed from interface names.

@@ -19,8 +19,8 @@ from horovod.core.set_state import IDLE, NEW, PENDING, SetState
 from horovod.core.waiters import Waiters, Wakeup
 from horovod.transport.base import Transport
 
-__all__ = ["POLL_SECONDS", "BATCH_SPACING_SECONDS", "IDLE", "PENDING", "NEW", "Batch", "Loop", "Negotiation", "report_stalls",
-           "plain_batches"]
+__all__ = ["POLL_SECONDS", "BATCH_SPACING_SECONDS", "IDLE", "PENDING", "NEW", "Batch", "Loop", "Negotiation",
+           "report_stalls", "plain_batches"]
 
 POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
 # Cycles that nobody waits for (a backward pass submitting gradients one by one) are spaced by at least this much

@@ -148,9 +148,8 @@ class Job:
 
     def handle_done(self, rank: SimRank, handle: SimHandle) -> None:
         """A handle completed: when it was the step's last, the caller computes, then starts the next step."""
-        if handle.error is not None:
-            self._violation(f"rank {rank.rank}: {handle.name!r} failed without a fault: {handle.error}") \
-                if not self._faulty() else None
+        if handle.error is not None and not self._faulty():
+            self._violation(f"rank {rank.rank}: {handle.name!r} failed without a fault: {handle.error}")
         self._left[rank.rank] -= 1
         if self._left[rank.rank]:
             return

@@ -10,13 +10,14 @@ completes its handles; no data moves) and the transport (frames are the real wir
 from __future__ import annotations
 
 from collections import deque
-from typing import Dict, List, Optional, Set
+from typing import Dict, Optional, Set
 
 from horovod.common import wire
 from horovod.common.extras import install_hint
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
 from horovod.core import fusion
+from horovod.core.execution import complete
 from horovod.core.negotiation import for_loop
 from horovod.core.negotiation.base import BATCH_SPACING_SECONDS
 from horovod.core.set_state import NEW, ProcessSets
@@ -78,13 +79,14 @@ class SimWake:
 class SimTransport:
     """The control-frame part of :class:`horovod.transport.base.Transport` over the world's network."""
 
-    hostnames: List[str] = []
-    cores: List[int] = []
     timeout = 0.0       # no patience warnings: a silent peer is the fault model's to break
 
     def __init__(self, rank: "SimRank"):
         self._rank = rank
         self.rank, self.size = rank.rank, rank.size
+        world = rank.world      # every rank's host and its cores, as the rendezvous records give them
+        self.hostnames = [f"host{world.host_of(r)}" for r in range(self.size)]
+        self.cores = [len(world.hosts[world.host_of(r)].free) for r in range(self.size)]
         self.inbox: Dict[int, deque] = {}
         self.closed: Dict[int, int] = {}       # peer -> the rank whose loss broke the connection
         self.peers: Set[int] = set()           # connections this rank holds
@@ -133,9 +135,6 @@ class SimRank:
         self.job, self.world = job, job.world
         self.rank, self.size = rank, job.size
         self.transport = SimTransport(self)
-        world = self.world      # every rank's host and its cores, as the rendezvous records give them
-        self.transport.hostnames = [f"host{world.host_of(r)}" for r in range(self.size)]
-        self.transport.cores = [len(world.hosts[world.host_of(r)].free) for r in range(self.size)]
         self.waiters = Waiters()
         self.wake = SimWake(self)
         self.cycle_time = config.cycle_time / 1000.0
@@ -265,11 +264,11 @@ class SimRank:
             response = fusion.merge(batch.responses)
             signature.append((response.op, response.names))
             with state.lock:
-                entries = [state.entries.pop(name) for name in response.names if name in state.entries]
-            failed = HorovodInternalError(response.error) if response.op == OpType.ERROR else None
-            for entry in entries:
-                entry.handle.set_exception(failed) if failed else entry.handle.set_result(None)
-            if response.op != OpType.ERROR:
+                entries = {name: state.entries[name] for name in response.names if name in state.entries}
+            if response.op == OpType.ERROR:
+                complete(state, entries, error=HorovodInternalError(response.error))
+            else:
+                complete(state, entries, results={})     # no data moves: every handle completes with None
                 executed.extend(batch.responses)
             self.charge(self.world.cpu.name * len(response.names))
         state.cache.record(executed)
