@@ -131,3 +131,55 @@ def test_each_rank_runs_one_protocol_object(env, rank, size, kind):
     assert type(negotiation) is kind and isinstance(negotiation, Negotiation)
     assert negotiation.every_member_coordinates is (kind is PeerNegotiation)
     assert not negotiation.presented
+
+
+def _resting(handback, ended=lambda: False):
+    """A thread resting on ``handback`` (as the engine thread does while a caller drives); returns it once resting."""
+    import threading
+    thread = threading.Thread(target=handback.rest, args=(ended,), daemon=True)
+    thread.start()
+    while not handback.resting and thread.is_alive():
+        thread.join(0.001)
+    return thread
+
+
+def test_the_engine_thread_rests_while_a_caller_drives_and_wakes_only_when_needed():
+    from horovod.core.waiters import Handback
+    spacing = [60.0]
+    handback = Handback(seconds=60.0, spacing=lambda: spacing[0])   # (no test waits 60 s: every wake-up is explicit)
+    handback.taken()
+    thread = _resting(handback)
+    handback.left(work_left=False)
+    handback.submitted()                # within a batch spacing of the caller letting go: it will drive again
+    handback.taken()
+    thread.join(0.05)
+    assert thread.is_alive() and handback.resting
+    handback.left(work_left=True)       # leaves work behind: the engine thread takes over
+    thread.join(5)
+    assert not thread.is_alive()
+
+    handback.taken()
+    thread = _resting(handback)
+    handback.left(work_left=False)
+    spacing[0] = 0.0                    # a submission a batch spacing after the caller let go: the engine paces it
+    handback.submitted()
+    thread.join(5)
+    assert not thread.is_alive()
+
+    ended = []
+    handback.taken()
+    thread = _resting(handback, lambda: bool(ended))
+    ended.append(True)
+    handback.wake()                     # the loop ended (or a caller waits without driving)
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_a_rest_ends_after_its_interval_when_nothing_wakes_it():
+    from horovod.core.waiters import Handback
+    handback = Handback(seconds=0.01, spacing=lambda: 60.0)
+    handback.taken()
+    thread = _resting(handback)
+    handback.left(work_left=False)
+    thread.join(5)                      # (its interval passes with no caller driving: it stops resting)
+    assert not thread.is_alive()

@@ -101,7 +101,7 @@ def _join_sequence():
     return out
 
 
-@pytest.mark.timed
+@pytest.mark.timed(seconds=30)
 @pytest.mark.ranks
 def test_unnamed_allgathers_around_joins_end_in_errors_at_three_ranks():
     """Rank 0 joins while 1 and 2 allgather (Join does not support allgather), then rank 1 joins while 0 and 2

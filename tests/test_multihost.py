@@ -164,7 +164,7 @@ def test_hosts_refusing_ssh_are_named_within_start_timeout(cluster, tmp_path):
     assert not cluster.worker_pids(a)
 
 
-@pytest.mark.timed
+@pytest.mark.timed(seconds=30)
 def test_an_unreachable_host_among_16_is_named_within_the_default_start_timeout(tmp_path):
     # 16 hosts at default settings; one's link is down, so nothing at its address answers (no ARP reply, no ssh).
     with NetnsCluster(16) as big:

@@ -31,10 +31,10 @@ from horovod.common.types import Request
 from horovod.core.execution import Executor
 from horovod.core.handles import Handle
 from horovod.core.negotiation import for_loop
-from horovod.core.negotiation.base import BATCH_SPACING_SECONDS, IDLE, NEW, report_stalls
+from horovod.core.negotiation.base import BATCH_SPACING_SECONDS, IDLE, NEW, POLL_SECONDS, report_stalls
 from horovod.core.ops import Entry
 from horovod.core.set_state import ProcessSets, SetState, close_segments
-from horovod.core.waiters import Waiters, Wakeup, shorter, spin_select
+from horovod.core.waiters import Handback, Waiters, Wakeup, shorter, spin_select
 from horovod.transport import shm
 
 __all__ = ["Engine", "SHUT_DOWN_MESSAGE"]
@@ -88,6 +88,7 @@ class Engine:
         self._loop_lock = threading.Lock()
         self._loop_ended = False
         self._drives = 0                        # how many times a waiting thread took the loop
+        self._handback = Handback(POLL_SECONDS, self.batch_spacing)
         self.cycles = 0                         # cycles run so far (tests and benchmarks read it)
         self._parked = False                    # the engine thread sleeps deaf to peers (see select)
         self._driver_sleeping = False           # the waiting thread running the loop sleeps in select
@@ -175,7 +176,8 @@ class Engine:
                                  f"pending in process set {process_set_id}; names must be unique until completed")
             state.entries[request.name] = Entry(request, array, output, handle, process_set_id)
             state.queue.append(request)
-        if not self._parked:
+        self._handback.submitted()
+        if not (self._parked or self._handback.resting):
             self.wake.notify()      # (a parked loop looks soon anyway; the caller who waits will run it at once)
         if self.timeline is not None:
             self.timeline.enqueued(request)
@@ -203,6 +205,7 @@ class Engine:
         if delta >= 0:
             waiters.waited = True
             waiters.polled = waiters.polled or delta == 0
+            self._handback.wake()
             if self._parked or self.negotiation.wake_on_wait():
                 self.wake.notify()     # a cycle may start, or this rank's message be due, at once
 
@@ -236,6 +239,8 @@ class Engine:
         self._loop_lock.release()
         try:
             readable = self._park(timeout) if park else self._poll(fds, timeout)
+            if park:
+                self._handback.rest(lambda: self._loop_ended)
         except (OSError, ValueError):
             readable = None     # a caller ended the loop and closed what we waited on
         finally:
@@ -316,6 +321,7 @@ class Engine:
             close_segments(state)
         self._loop_ended = True
         self.wake.notify()      # an engine thread asleep in select learns of it
+        self._handback.wake()
 
     def drive(self, handle: Handle) -> bool:
         """Run the loop on this (waiting) thread until ``handle`` completes, if the engine thread sleeps.
@@ -331,6 +337,7 @@ class Engine:
         self.waiters.add(1)
         self.waiters.waited = True
         self._drives += 1
+        self._handback.taken()
         try:
             self._run_steps(lambda: handle.finished)
         except BaseException:
@@ -347,6 +354,7 @@ class Engine:
             self._driver_sleeping = False
             self.waiters.add(-1)
             self._loop_lock.release()
+            self._handback.left(self.work() != IDLE)
         return handle.finished
 
     def _apply_tuning(self, fusion_threshold: int, cycle_time_ms: float) -> None:

@@ -11,9 +11,9 @@ import select
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
-__all__ = ["Waiters", "Wakeup", "shorter", "spin_select"]
+__all__ = ["Waiters", "Wakeup", "Handback", "shorter", "spin_select"]
 
 
 class Waiters:
@@ -45,6 +45,60 @@ class Waiters:
         """A cycle starts: what was "since the last cycle" becomes "the cycle before"."""
         self.waited_before, self.waited = self.waited, self.blocked > 0
         self.polled = False
+
+
+class Handback:
+    """When the engine thread, asleep, takes the loop back from a caller who ran it (see ``Engine.drive``).
+
+    Taking it back the moment the caller lets go costs both threads a hand-off per blocking op, and a parked
+    thread's batch-spacing timer wakes it again in the middle of the next one: on a host with more ranks than cores
+    that was a third of a small allreduce's CPU. So while a caller drives, the engine thread rests: it wakes when the
+    caller leaves work behind, when a submission comes a batch spacing or more after the caller let go (as a parked
+    thread's timer would have woken it: an asynchronous burst the engine thread paces; sooner, the caller is likely
+    to wait and drive again), when a caller waits without driving, when the loop ends, or after ``seconds`` (the
+    negotiation's poll interval: an idle rank still reads its peers' frames that often).
+    """
+
+    __slots__ = ("driving", "resting", "_left_at", "_spacing", "_event", "_seconds")
+
+    def __init__(self, seconds: float, spacing: Callable[[], float]):
+        self.driving = False        # a caller runs the loop now
+        self.resting = False        # the engine thread rests (see rest)
+        self._left_at = 0.0         # when a caller last let go of the loop
+        self._spacing = spacing     # the batch spacing now (autotune may change it)
+        self._event = threading.Event()
+        self._seconds = seconds
+
+    def rest(self, ended: Callable[[], bool]) -> None:
+        """The engine thread: sleep while a caller drives, until one of the wake-ups above or ``ended()``."""
+        while self.driving and not ended():
+            self._event.clear()     # (then looked at again: a wake-up set before the clear is not lost)
+            self.resting = True
+            try:
+                if self.driving and not ended():
+                    self._event.wait(self._seconds)
+            finally:
+                self.resting = False
+
+    def taken(self) -> None:
+        """A caller took the loop."""
+        self.driving = True
+
+    def left(self, work_left: bool) -> None:
+        """The caller let go of the loop, leaving work (or not)."""
+        self._left_at = time.monotonic()
+        self.driving = False
+        if work_left:
+            self._event.set()
+
+    def submitted(self) -> None:
+        """A request was queued."""
+        if self.resting and not self.driving and time.monotonic() - self._left_at >= self._spacing():
+            self._event.set()
+
+    def wake(self) -> None:
+        """Wake a resting engine thread (a caller waits without driving, or the loop ended)."""
+        self._event.set()
 
 
 def shorter(a: Optional[float], b: Optional[float]) -> Optional[float]:

@@ -29,7 +29,7 @@ def test_keras_digits_reaches_95_percent():
 @pytest.mark.cli
 def test_tensorflow2_synthetic_benchmark_reports_throughput():
     proc = run_horovodrun(["-np", "2", sys.executable, os.path.join(EXAMPLES, "tensorflow2_synthetic_benchmark.py"),
-                           "--model", "MobileNetV2", "--image-size", "32", "--batch-size", "4",
+                           "--model", "MobileNet", "--image-size", "32", "--batch-size", "4",
                            "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "2"],
                           timeout=150, env=TF_ENV)
     assert proc.returncode == 0, proc.stdout + proc.stderr
