@@ -90,3 +90,28 @@ def test_a_cost_the_data_cannot_support_is_zero_not_negative():
                 row["seconds"] *= 0.5
     fitted = scaling.fit(records)
     assert fitted.fixed_s >= 0 and fitted.hop_s >= 0 and fitted.efficiency > 0
+
+
+@pytest.mark.parametrize("workers", [2, 4, 32, 128])
+def test_the_control_plane_term_follows_the_simulated_negotiation(workers):
+    """The closed form's cycle latency against the simulation it takes its constants from (one rank per host and
+    core, one small allreduce per step): peer to peer at 2 and 4 ranks, the 3-ary tree at 32 and 128."""
+    pytest.importorskip("greenlet")
+    from horovod.tools.simulate.report import figures
+    simulated = figures(workers, seed=1, steps=3, tensors=1, slots=1, cores=1)["step_latency_s"]
+    closed = scaling.cycle_seconds(scaling.ControlModel.simulated(), workers)
+    assert closed == pytest.approx(simulated, rel=0.25), (closed, simulated)
+
+
+def test_the_published_comparison_includes_the_control_plane(capsys):
+    assert scaling.main(["--published"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| ResNet-101 | 90%", "| Inception V3 | 90%",
+                                                                  "| VGG-16 | 68%"))]
+    assert len(rows) == 3, out
+    control = scaling.control_seconds(scaling.ControlModel.simulated(), 512)
+    assert control > 0 and all(f"{control * 1e3:.2f} ms |" in row for row in rows)
+    link = scaling.LinkModel()
+    work = scaling.PUBLISHED[0][0]
+    assert scaling.step_seconds(link, work, 512, 4, scaling.ControlModel.simulated()) == pytest.approx(
+        scaling.step_seconds(link, work, 512, 4) + control)

@@ -1,4 +1,4 @@
-"""A scaling planner: predicted step time and scaling efficiency of data-parallel training at 2-512 workers.
+"""A scaling planner: predicted step time and scaling efficiency of data-parallel training at 2-4,096 workers.
 
     python -m horovod.tools.scaling --params 44.5e6 --compute-ms 490 [--link-gbit 25] [--per-host 4]
                                     [--fit bench/results/crosshost/crosshost.json] [--overlap 0.5]
@@ -13,6 +13,13 @@ fusion threshold) are reduced while the backward pass runs, so a step takes ``T 
 compute time, ``C`` the communication, ``o`` the fraction of the compute it can hide behind (``--overlap``), and ``C1``
 the last fusion buffer's allreduce, which starts only when the backward pass ends and is never hidden. Scaling
 efficiency is ``T`` over the step time.
+
+The control plane. Before the last buffer's allreduce, the ranks agree on it in a negotiation cycle. ``c`` holds
+that cycle's cost at the few hosts the fit sees; what grows with the world size beyond them is added to ``C1``:
+:func:`cycle_seconds` of the protocol the engine picks at ``n`` ranks (peer to peer up to 4, a star up to 16, a
+3-ary tree above) less its cost at 2 ranks. Its constants are those of the control-plane simulation
+(:mod:`horovod.tools.simulate`, whose figures the tests hold this closed form to): a hop is a frame's flight, its
+receiver's wake-up and both ends' handling; the star's rank 0 handles ``2(n-1)`` frames in a row.
 
 ``--fit`` takes the cross-host benchmark's JSON (``bench/crosshost.py``) and fits ``c``, ``a`` and ``e`` to
 horovod-py's allreduce times of every flat layout by non-negative least squares on relative errors (one bandwidth
@@ -36,8 +43,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["LinkModel", "Workload", "PUBLISHED", "allreduce_seconds", "step_seconds", "fit", "predict_table",
-           "check", "main"]
+__all__ = ["LinkModel", "ControlModel", "Workload", "PUBLISHED", "allreduce_seconds", "cycle_seconds",
+           "step_seconds", "fit", "predict_table", "published_table", "check", "main"]
 
 MODEL_TENSORS = [1 << k for k in range(10, 22)] + [256] * 12     # bench/workers.py's model step
 MODEL_STEP_PARAMS = sum(MODEL_TENSORS)
@@ -54,6 +61,26 @@ class LinkModel:
     local_bytes_s: float = 10e9    # within a host (hierarchical)
     copy_bytes_s: float = 5e9      # packing gradients into the fusion buffer and back
     fusion_bytes: int = 64 << 20   # gradients travel in buffers of at most this size
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlModel:
+    """The negotiation's constants (see the module docstring), by default the control-plane simulation's."""
+
+    hop_s: float = 120e-6          # one frame between two ranks: the link, the receiver's wake-up, both ends' work
+    frame_s: float = 15e-6         # one more frame handled by the same rank in the same cycle
+    fixed_s: float = 70e-6         # a cycle's bookkeeping and the caller's wake-up to take its result
+    arity: int = 3                 # the tree's children per rank (horovod.core.negotiation.tree)
+    peer_max: int = 4              # the largest job negotiating peer to peer, then by a star (negotiation.auto)
+    star_max: int = 16
+
+    @classmethod
+    def simulated(cls) -> "ControlModel":
+        """The constants from the simulation's CPU and link models (a frame across hosts)."""
+        from horovod.tools.simulate.world import CpuModel, LinkModel as SimLink
+        cpu, link = CpuModel(), SimLink()
+        return cls(hop_s=link.remote_latency + cpu.wake + 2 * cpu.frame, frame_s=cpu.frame,
+                   fixed_s=cpu.cycle + cpu.wake)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,26 +112,62 @@ def allreduce_seconds(link: LinkModel, workers: int, nbytes: float, per_host: in
     return link.fixed_s + ring + local
 
 
-def step_seconds(link: LinkModel, work: Workload, workers: int, per_host: int = 1) -> float:
-    """Predicted step time: compute, plus the communication the backward pass cannot hide."""
+def cycle_seconds(control: ControlModel, workers: int) -> float:
+    """One cached negotiation cycle's latency at ``workers`` ranks, in the protocol the engine picks there."""
+    if workers <= 1:
+        return 0.0
+    if workers <= control.peer_max:        # every rank sends to every other: one hop, n-1 frames read in a row
+        return control.fixed_s + control.hop_s + (workers - 2) * control.frame_s
+    if workers <= control.star_max:        # in to rank 0 and out again; it reads and writes 2(n-1) frames
+        return control.fixed_s + 2 * control.hop_s + (2 * (workers - 1) - 2) * control.frame_s
+    depth, reach = 0, 1                    # levels below rank 0: up and down them, an interior rank busy with
+    while reach < workers:                 # its children's frames (arity in, arity out) at every level
+        depth, reach = depth + 1, reach * control.arity + 1
+    return control.fixed_s + 2 * depth * (control.hop_s + (control.arity - 1) * control.frame_s)
+
+
+def control_seconds(control: Optional[ControlModel], workers: int) -> float:
+    """What the control plane adds to a step at ``workers`` ranks beyond what 2 ranks pay (see the docstring)."""
+    if control is None or workers <= 2:
+        return 0.0
+    return max(0.0, cycle_seconds(control, workers) - cycle_seconds(control, 2))
+
+
+def step_seconds(link: LinkModel, work: Workload, workers: int, per_host: int = 1,
+                 control: Optional[ControlModel] = None) -> float:
+    """Predicted step time: compute, plus the communication the backward pass cannot hide (with ``control``, the
+    control plane's growth with the world size too)."""
     total = 4.0 * work.params
     buffers = max(1, math.ceil(total / link.fusion_bytes))
-    last = allreduce_seconds(link, workers, total / buffers, per_host)
+    last = allreduce_seconds(link, workers, total / buffers, per_host) + control_seconds(control, workers)
     if workers > 1:
         last += 2 * total / buffers / link.copy_bytes_s
     return work.compute_s + max(last, buffers * last - work.overlap * work.compute_s)
 
 
-def predict_table(link: LinkModel, works: Sequence[Workload], workers: Sequence[int], per_host: int = 1) -> str:
-    """A markdown table: step time and scaling efficiency of each workload at each worker count."""
-    lines = ["| workers | " + " | ".join(f"{w.name} step / efficiency" for w in works) + " |",
-             "|---|" + "---|" * len(works)]
+def predict_table(link: LinkModel, works: Sequence[Workload], workers: Sequence[int], per_host: int = 1,
+                  control: Optional[ControlModel] = None) -> str:
+    """A markdown table: step time and scaling efficiency of each workload at each worker count, and the control
+    plane's share of the step."""
+    lines = ["| workers | " + " | ".join(f"{w.name} step / efficiency" for w in works) + " | control plane |",
+             "|---|" + "---|" * (len(works) + 1)]
     for n in workers:
         cells = []
         for w in works:
-            step = step_seconds(link, w, n, per_host if n >= per_host else 1)
+            step = step_seconds(link, w, n, per_host if n >= per_host else 1, control)
             cells.append(f"{step * 1e3:.0f} ms / {w.compute_s / step:.0%}")
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {control_seconds(control, n) * 1e3:.2f} ms |")
+    return "\n".join(lines)
+
+
+def published_table(link: LinkModel, control: ControlModel, workers: int = 512, per_host: int = 4) -> str:
+    """Horovod's published scaling efficiency at 512 GPUs beside this model's prediction for the same models."""
+    lines = [f"| model ({workers} workers, {per_host} per host) | published | predicted | predicted step | "
+             "of which control plane |", "|---|---|---|---|---|"]
+    for work, efficiency in PUBLISHED:
+        step = step_seconds(link, work, workers, per_host, control)
+        lines.append(f"| {work.name} | {efficiency:.0%} | {work.compute_s / step:.0%} | {step * 1e3:.0f} ms | "
+                     f"{control_seconds(control, workers) * 1e3:.2f} ms |")
     return "\n".join(lines)
 
 
@@ -203,7 +266,7 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--overlap", type=float, default=0.5, help="share of the compute communication can hide")
     parser.add_argument("--link-gbit", type=float, default=25.0, help="link speed between hosts, Gbit/s")
     parser.add_argument("--per-host", type=int, default=1, help="workers per host (hierarchical above 1)")
-    parser.add_argument("--workers", default="2,4,8,16,32,64,128,256,512")
+    parser.add_argument("--workers", default="2,4,8,16,32,64,128,256,512,1024,2048,4096")
     parser.add_argument("--fit", help="bench/crosshost.py's JSON: fit the model's constants to it")
     parser.add_argument("--published", action="store_true", help="the three published models (128 x 4 GPUs)")
     parser.add_argument("--check", help="bench/crosshost.py's JSON: predicted vs measured model steps")
@@ -233,15 +296,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.fit) as handle:
             link = dataclasses.replace(fit(json.load(handle)), link_bytes_s=link.link_bytes_s)
     workers = [int(w) for w in args.workers.split(",")]
+    control = ControlModel.simulated()
     if args.published:
-        print(predict_table(link, [w for w, _ in PUBLISHED], workers, per_host=4))
-        print("\npublished at 512 GPUs: " + ", ".join(f"{w.name} {eff:.0%}" for w, eff in PUBLISHED))
+        print(predict_table(link, [w for w, _ in PUBLISHED], workers, per_host=4, control=control))
+        print("\npublished at 512 GPUs: " + ", ".join(f"{w.name} {eff:.0%}" for w, eff in PUBLISHED) + "\n")
+        print(published_table(link, control))
         return 0
     if args.params is None or args.compute_ms is None:
         print("give --params and --compute-ms (or --published, or --check FILE)", file=sys.stderr)
         return 2
     work = Workload("model", args.params, args.compute_ms / 1e3, args.overlap)
-    print(predict_table(link, [work], workers, args.per_host))
+    print(predict_table(link, [work], workers, args.per_host, control))
     return 0
 
 
