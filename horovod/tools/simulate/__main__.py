@@ -1,5 +1,5 @@
 """``python -m horovod.tools.simulate``: the simulated control plane's figures across world sizes (see
-:mod:`horovod.tools.simulate.report`), or one seeded run with faults (``--kill``, ``--partition``, ``--duplicate``...)
+:mod:`horovod.tools.simulate.report`), or one seeded run with faults (``--kill``, ``--partition``, ``--reorder``...)
 that checks the invariants and replays exactly."""
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--partition", default="", help="one run only: SECONDS@HOST (hosts from HOST on are cut off)")
     parser.add_argument("--delay", type=float, default=0.0, help="one run only: probability a frame is held back")
     parser.add_argument("--duplicate", type=float, default=0.0, help="one run only: probability a frame comes twice")
+    parser.add_argument("--reorder", type=float, default=0.0,
+                        help="one run only: probability a frame is overtaken by later ones of its connection")
     parser.add_argument("--json", default="", help="write the figures here")
     return parser
 
@@ -36,7 +38,7 @@ def main(argv=None) -> int:
     env = {"HOROVOD_NEGOTIATION": args.negotiation}
     sizes = [int(n) for n in args.ranks.split(",") if n]
     try:
-        if args.kill or args.partition or args.delay or args.duplicate:
+        if args.kill or args.partition or args.delay or args.duplicate or args.reorder:
             return _one_run(args, sizes[0], env)
         rows = []
         for size in sizes:
@@ -57,7 +59,7 @@ def _one_run(args, size: int, env) -> int:
     kill = [(float(t), int(r)) for r, t in (item.split("@") for item in args.kill.split(",") if item)]
     partition = tuple(float(x) if i == 0 else int(x) for i, x in enumerate(args.partition.split("@"))) \
         if args.partition else None
-    faults = Faults(delay=args.delay, duplicate=args.duplicate, kill=kill, partition=partition)
+    faults = Faults(delay=args.delay, duplicate=args.duplicate, reorder=args.reorder, kill=kill, partition=partition)
     job = scenario(size, args.seed, args.slots, args.cores, Workload(args.steps, args.tensors), faults, env)
     failed = [r for r in job.ranks if r.error is not None]
     print(f"seed {args.seed}, {size} ranks: {len(failed)} failed, {len(job.killed)} killed, "

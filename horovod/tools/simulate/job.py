@@ -112,18 +112,19 @@ class Job:
         if held is not None:
             self.world.hosts[held[0]].free[held[1]] = clock
 
-    def send(self, sender: int, receiver: int, payload: bytes, sent: float) -> None:
-        """Carry a frame; it is read from the receiver's connection when it arrives."""
+    def send(self, sender: int, receiver: int, seq: int, payload: bytes, sent: float) -> None:
+        """Carry frame number ``seq`` of a connection; it is read from the receiver's connection when it and every
+        frame before it have arrived (a copy the network made is dropped), as TCP delivers."""
         for when in self.world.arrival(sender, receiver, sent, len(payload)):
-            self.world.at(when, lambda: self._deliver(sender, receiver, payload))
+            self.world.at(when, lambda: self._deliver(sender, receiver, seq, payload))
 
-    def _deliver(self, sender: int, receiver: int, payload: bytes) -> None:
+    def _deliver(self, sender: int, receiver: int, seq: int, payload: bytes) -> None:
         rank = self.ranks[receiver]
         if rank.dead:
             return
         # What a lost rank sent before it died is still read, before the broken connection is seen (TCP).
-        rank.transport.inbox.setdefault(sender, deque()).append(payload)
-        rank.readable(sender)
+        if rank.transport.arrived(sender, seq, payload):
+            rank.readable(sender)
 
     # -- the callers' training loop ----------------------------------------------------------------------------------
 
@@ -169,10 +170,10 @@ class Job:
     # -- faults ----------------------------------------------------------------------------------------------------
 
     def _faulty(self) -> bool:
-        """Whether a fault may fail the job: a lost rank, a partition, or a duplicated frame; a delay alone must
-        never fail it."""
+        """Whether a fault may fail the job: a lost rank or a partition; delayed, duplicated or reordered frames
+        must never fail it."""
         faults = self.world.faults
-        return bool(faults.kill) or faults.partition is not None or faults.duplicate > 0
+        return bool(faults.kill) or faults.partition is not None
 
     def _kill(self, index: int) -> None:
         rank = self.ranks[index]
@@ -196,9 +197,6 @@ class Job:
                 if self.world.severed(rank.rank, peer):
                     delay = self.world.detection_delay(peer, rank.rank, process_only=False)
                     self.world.at(self.world.now + delay, lambda r=rank, p=peer: r.connection_closed(p, p))
-
-    def _losses_only(self) -> bool:
-        return not self.world.faults.duplicate
 
     def failed_alone(self) -> List[int]:
         """Ranks that completed the job while others failed before the job's last cycle was decided."""
@@ -239,7 +237,7 @@ class Job:
             if not self._faulty() and self._step[rank.rank] != self.workload.steps:
                 self._violation(f"rank {rank.rank} ended after {self._step[rank.rank]} steps of "
                                 f"{self.workload.steps}")
-            if rank.error is not None and self._losses_only() and "was lost" not in str(rank.error):
+            if rank.error is not None and "was lost" not in str(rank.error):
                 self._violation(f"rank {rank.rank} failed without naming a lost rank: {rank.error}")
         failed = [r.rank for r in self.ranks if r.error is not None]
         if failed and self.failed_alone():

@@ -88,6 +88,10 @@ class SimTransport:
         self.hostnames = [f"host{world.host_of(r)}" for r in range(self.size)]
         self.cores = [len(world.hosts[world.host_of(r)].free) for r in range(self.size)]
         self.inbox: Dict[int, deque] = {}
+        self._sent: Dict[int, int] = {}        # peer -> frames sent on the connection (the next one's number)
+        self._next: Dict[int, int] = {}        # peer -> the number of the next frame to deliver
+        self._early: Dict[int, Dict[int, bytes]] = {}   # peer -> frames that overtook one still missing, by number
+        self.copies_dropped = self.overtaken = 0      # frames the network copied, frames that came too early
         self.closed: Dict[int, int] = {}       # peer -> the rank whose loss broke the connection
         self.peers: Set[int] = set()           # connections this rank holds
         self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0
@@ -106,7 +110,26 @@ class SimTransport:
         self.frames_out += 1
         self.bytes_out += len(payload)
         rank.charge(rank.world.cpu.frame + len(payload) * rank.world.cpu.byte)
-        rank.job.send(rank.rank, peer, payload, rank.clock())
+        seq = self._sent.get(peer, 0)
+        self._sent[peer] = seq + 1
+        rank.job.send(rank.rank, peer, seq, payload, rank.clock())
+
+    def arrived(self, peer: int, seq: int, payload: bytes) -> bool:
+        """Frame ``seq`` from ``peer`` reached this rank's end of the connection: queued in order, held until the
+        frames before it arrive, or dropped as a copy; whether the connection has more to read now."""
+        expected = self._next.get(peer, 0)
+        early = self._early.setdefault(peer, {})
+        if seq < expected or seq in early:
+            self.copies_dropped += 1
+            return False
+        early[seq] = payload
+        self.overtaken += seq > expected
+        queue = self.inbox.setdefault(peer, deque())
+        while expected in early:
+            queue.append(early.pop(expected))
+            expected += 1
+        self._next[peer] = expected
+        return bool(queue)
 
     def recv_obj(self, peer: int):
         """The next control frame from ``peer``, decoded and checked as the real transport does."""

@@ -4,10 +4,11 @@ it waits for arrives; nothing here reads the wall clock or the OS's randomness, 
 
 A rank's run (from one resume to its next wait) takes a core of its host for the CPU the model charges it: a
 wake-up, plus a cost per frame and per byte it reads or writes. A frame leaves when its sender's clock says it was
-sent and arrives a link's latency and its bytes' transfer time later, plus whatever delay a fault adds. Frames of one
-connection arrive in the order they were sent, as TCP delivers them; delays make frames of different connections
-overtake each other. A duplicated frame (a fault no TCP connection commits, for testing the protocol's checks) is the
-one exception.
+sent and arrives a link's latency and its bytes' transfer time later, plus whatever delay a fault adds. Delays make
+frames of different connections overtake each other. The network may also duplicate a frame or let a later one of
+the same connection overtake it (faults of the packets below TCP); the simulated connection numbers its frames and
+delivers each once and in order, as TCP does (:class:`~horovod.tools.simulate.job.Job`), so such faults cost time,
+never a frame read twice or out of order.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ __all__ = ["CpuModel", "LinkModel", "Faults", "Host", "World", "draw_faults"]
 
 @dataclass(frozen=True)
 class CpuModel:
-    """What a rank's work costs, in seconds of one core: calibrated from measured small jobs (see
-    :mod:`horovod.tools.simulate.calibration`)."""
+    """What a rank's work costs, in seconds of one core. First guesses, not yet fitted to measured jobs (see
+    docs/scaling.md, "Not calibrated yet")."""
 
     wake: float = 40e-6          # a wake-up: the scheduler, and a Python process running cold
     frame: float = 15e-6         # reading or writing one control frame (codec, checks, the protocol's step)
@@ -50,7 +51,8 @@ class Faults:
 
     delay: float = 0.0                  # probability that a frame is held back
     delay_max: float = 0.005            # for at most this long (seconds)
-    duplicate: float = 0.0              # probability that a frame arrives twice
+    duplicate: float = 0.0              # probability that a frame arrives twice (the receiver drops the copy)
+    reorder: float = 0.0                # probability that a frame is held back past later ones of its connection
     kill: List[Tuple[float, int]] = field(default_factory=list)       # (time, rank): the process dies
     partition: Optional[Tuple[float, int]] = None   # (time, first host of the second side): links between cut
     slow: Dict[int, float] = field(default_factory=dict)               # rank -> CPU cost multiplier
@@ -127,8 +129,11 @@ class World:
         if faults.delay and rng.random() < faults.delay:
             when += rng.random() * faults.delay_max
         key = (sender, receiver)
-        when = max(when, self._last_arrival.get(key, 0.0))     # one connection delivers in order
-        self._last_arrival[key] = when
+        if faults.reorder and rng.random() < faults.reorder:
+            when += rng.random() * faults.delay_max             # later frames of the connection may overtake it
+        else:
+            when = max(when, self._last_arrival.get(key, 0.0))  # (in order unless a fault reorders)
+            self._last_arrival[key] = when
         times = [when]
         if faults.duplicate and rng.random() < faults.duplicate:
             times.append(when + rng.random() * faults.delay_max)
@@ -146,9 +151,10 @@ class World:
 def draw_faults(seed: int, size: int, slots: int, horizon: float) -> Faults:
     """Faults drawn from ``seed`` for a job of ``size`` ranks that runs about ``horizon`` seconds: none, a lost rank
     (rank 0, any other, interior or leaf), two lost ranks, a partition, frames held back (so that frames of different
-    connections overtake each other), or a slow rank; the same seed always draws the same faults."""
+    connections overtake each other), a slow rank, duplicated frames, or frames overtaken by later ones of their own
+    connection; the same seed always draws the same faults."""
     rng = random.Random(seed * 7919 + size)
-    kind = rng.choice(("none", "kill", "kill0", "kill2", "partition", "delay", "slow"))
+    kind = rng.choice(("none", "kill", "kill0", "kill2", "partition", "delay", "slow", "duplicate", "reorder"))
     at = rng.uniform(0.0, horizon)
     hosts = (size + slots - 1) // slots
     if kind == "kill":
@@ -163,4 +169,6 @@ def draw_faults(seed: int, size: int, slots: int, horizon: float) -> Faults:
         return Faults(delay=rng.uniform(0.05, 0.5), delay_max=rng.uniform(1e-4, 5e-3))
     if kind == "slow":
         return Faults(slow={rng.randrange(size): rng.uniform(2, 20)})
+    if kind in ("duplicate", "reorder"):
+        return Faults(**{kind: rng.uniform(0.05, 0.5)}, delay_max=rng.uniform(1e-4, 5e-3))
     return Faults()
