@@ -89,3 +89,21 @@ def test_cached_cycles_cost_each_rank_a_bounded_number_of_frames_at_1024_ranks()
     out = figures(1024, 1, steps=3, tensors=8)
     assert out["mode"] == "tree" and out["cycles_per_step"] <= 1.34, out
     assert out["frames_max"] <= 8.0 and out["survivors_naming"] == 1023, out
+
+
+@many_ranks
+def test_calibration_recovers_the_costs_it_is_fitted_to_and_prints_the_rest_beside_the_measurements(tmp_path):
+    # "Measured" figures made by the simulation with known costs: fitted from np 2 and 4 only, every np comes back.
+    import dataclasses
+    from horovod.tools.simulate import calibration
+    from horovod.tools.simulate.world import CpuModel, LinkModel
+    cpu = CpuModel(wake=60e-6, frame=25e-6, byte=3e-9, cycle=45e-6, name=1.5e-6)    # every cost 1.5x the default's
+    link = dataclasses.replace(LinkModel(), local_latency=35e-6)
+    measured = {n: calibration.allreduce_4b_seconds(n, 2, cpu, link) for n in (2, 4, 8)}
+    rows = calibration.predict(measured, cores=2)
+    assert [r["ranks"] for r in rows] == [2, 4, 8]
+    assert all(abs(r["error"]) < 0.02 for r in rows), rows
+    results = tmp_path / "scale.json"
+    results.write_text(json.dumps({"meta": {"cores": 2}, "medians": {"horovod-py": {
+        str(n): {"ar4_us": s * 1e6} for n, s in measured.items()}}}))
+    assert calibration.main([str(results)]) == 0

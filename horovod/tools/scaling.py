@@ -18,8 +18,9 @@ The control plane. Before the last buffer's allreduce, the ranks agree on it in 
 that cycle's cost at the few hosts the fit sees; what grows with the world size beyond them is added to ``C1``:
 :func:`cycle_seconds` of the protocol the engine picks at ``n`` ranks (peer to peer up to 4, a star up to 16, a
 3-ary tree above) less its cost at 2 ranks. Its constants are those of the control-plane simulation
-(:mod:`horovod.tools.simulate`, whose figures the tests hold this closed form to): a hop is a frame's flight, its
-receiver's wake-up and both ends' handling; the star's rank 0 handles ``2(n-1)`` frames in a row.
+(:mod:`horovod.tools.simulate`, whose figures the tests hold this closed form to): a hop is a frame's flight and both
+ends' handling (a rank with a core of its own polls for it: no wake-up); the star's rank 0 handles ``2(n-1)`` frames
+in a row.
 
 ``--fit`` takes the cross-host benchmark's JSON (``bench/crosshost.py``) and fits ``c``, ``a`` and ``e`` to
 horovod-py's allreduce times of every flat layout by non-negative least squares on relative errors (one bandwidth
@@ -67,7 +68,7 @@ class LinkModel:
 class ControlModel:
     """The negotiation's constants (see the module docstring), by default the control-plane simulation's."""
 
-    hop_s: float = 120e-6          # one frame between two ranks: the link, the receiver's wake-up, both ends' work
+    hop_s: float = 80e-6           # one frame between two ranks: the link and both ends' work
     frame_s: float = 15e-6         # one more frame handled by the same rank in the same cycle
     fixed_s: float = 70e-6         # a cycle's bookkeeping and the caller's wake-up to take its result
     arity: int = 3                 # the tree's children per rank (horovod.core.negotiation.tree)
@@ -76,11 +77,11 @@ class ControlModel:
 
     @classmethod
     def simulated(cls) -> "ControlModel":
-        """The constants from the simulation's CPU and link models (a frame across hosts)."""
+        """The constants from the simulation's CPU and link models: a frame across hosts, to a rank with a core of its
+        own, which polls for it instead of sleeping (no wake-up on the way)."""
         from horovod.tools.simulate.world import CpuModel, LinkModel as SimLink
         cpu, link = CpuModel(), SimLink()
-        return cls(hop_s=link.remote_latency + cpu.wake + 2 * cpu.frame, frame_s=cpu.frame,
-                   fixed_s=cpu.cycle + cpu.wake)
+        return cls(hop_s=link.remote_latency + 2 * cpu.frame, frame_s=cpu.frame, fixed_s=cpu.cycle + cpu.wake)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 thousands of ranks in one process, over a virtual network and clock, with faults drawn from a seed.
 
 :mod:`~horovod.tools.simulate.world` (clock, events, cores, links, faults), :mod:`~horovod.tools.simulate.rank` (one
-rank behind the engine's loop seam), :mod:`~horovod.tools.simulate.job` (the training loop and the invariants);
+rank behind the engine's loop seam), :mod:`~horovod.tools.simulate.job` (the training loop and the invariants),
+:mod:`~horovod.tools.simulate.calibration` (its costs fitted to a benchmark's small jobs, the larger ones predicted);
 ``python -m horovod.tools.simulate`` runs it (``docs/scaling.md`` says what is run and what is modelled).
 """

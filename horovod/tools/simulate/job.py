@@ -14,7 +14,6 @@ rank or ends with the job.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np

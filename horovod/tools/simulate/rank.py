@@ -22,6 +22,7 @@ from horovod.core.negotiation import for_loop
 from horovod.core.negotiation.base import BATCH_SPACING_SECONDS
 from horovod.core.set_state import NEW, ProcessSets
 from horovod.core.waiters import Waiters
+from horovod.transport.shm import SPIN_SECONDS
 
 try:
     import greenlet
@@ -168,6 +169,12 @@ class SimRank:
         self._sets.add(0, range(self.size))
         self.sets = self._sets.by_id
         self.slow = self.world.faults.slow.get(rank, 1.0)
+        # As the engine does (shm.spin_seconds): where every rank of the host has a core, a waiting rank polls for a
+        # moment before it sleeps, and what arrives meanwhile costs no wake-up.
+        world = self.world
+        mates = min(world.slots, self.size - world.host_of(rank) * world.slots)
+        self._spin = SPIN_SECONDS if mates <= len(world.hosts[world.host_of(rank)].free) else 0.0
+        self._wait_began = 0.0
         self.cycles = 0
         self.shutdown = False
         self.finished = self.dead = False
@@ -222,6 +229,7 @@ class SimRank:
         self._token += 1
         token = self._token
         self._waiting = fds
+        self._wait_began = self._clock
         self.job.run_ended(self, self._clock)
         if timeout is not None:
             self.world.at(self._clock + timeout, lambda: self._timer(token))
@@ -257,7 +265,8 @@ class SimRank:
         if at is None:
             return          # its core is busy: the job resumes it when the core frees
         self._clock = at
-        self.charge(self.world.cpu.wake)
+        if at - self._wait_began > self._spin:      # (slept, not spun)
+            self.charge(self.world.cpu.wake)
         self._greenlet.switch()
 
     def _main(self) -> None:
