@@ -44,6 +44,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from horovod.core.negotiation import PEER_NEGOTIATION_MAX_RANKS, STAR_NEGOTIATION_MAX_RANKS
+from horovod.core.negotiation.tree import ARITY
+
 __all__ = ["LinkModel", "ControlModel", "Workload", "PUBLISHED", "allreduce_seconds", "cycle_seconds",
            "step_seconds", "fit", "predict_table", "published_table", "check", "main"]
 
@@ -71,9 +74,9 @@ class ControlModel:
     hop_s: float = 80e-6           # one frame between two ranks: the link and both ends' work
     frame_s: float = 15e-6         # one more frame handled by the same rank in the same cycle
     fixed_s: float = 70e-6         # a cycle's bookkeeping and the caller's wake-up to take its result
-    arity: int = 3                 # the tree's children per rank (horovod.core.negotiation.tree)
-    peer_max: int = 4              # the largest job negotiating peer to peer, then by a star (negotiation.auto)
-    star_max: int = 16
+    arity: int = ARITY                              # the tree's children per rank
+    peer_max: int = PEER_NEGOTIATION_MAX_RANKS      # the largest job negotiating peer to peer (auto), then a star
+    star_max: int = STAR_NEGOTIATION_MAX_RANKS      # ... then the tree
 
     @classmethod
     def simulated(cls) -> "ControlModel":

@@ -50,8 +50,8 @@ def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
 
 
 def fit(measured: Dict[int, float], cores: int, cpu: CpuModel = CpuModel(), link: LinkModel = LinkModel()):
-    """CPU costs scaled to np 4's measured time and the loopback latency set to np 2's (seconds by np); the two
-    alternate until neither moves (np 2 costs some CPU, np 4 some latency)."""
+    """CPU costs scaled to np 4's measured time and the loopback latency set to np 2's (seconds by np), fitted in
+    turn three times: each moves the other a little (np 2 costs some CPU, np 4 some latency)."""
     factor = 1.0
     for _ in range(3):
         local = _solve(lambda x: allreduce_4b_seconds(2, cores, _scaled(cpu, factor),

@@ -7,8 +7,8 @@ wake-up, plus a cost per frame and per byte it reads or writes. A frame leaves w
 sent and arrives a link's latency and its bytes' transfer time later, plus whatever delay a fault adds. Delays make
 frames of different connections overtake each other. The network may also duplicate a frame or let a later one of
 the same connection overtake it (faults of the packets below TCP); the simulated connection numbers its frames and
-delivers each once and in order, as TCP does (:class:`~horovod.tools.simulate.job.Job`), so such faults cost time,
-never a frame read twice or out of order.
+delivers each once and in order, as TCP does (``SimTransport.arrived`` in :mod:`~horovod.tools.simulate.rank`), so
+such faults cost time, never a frame read twice or out of order.
 """
 
 from __future__ import annotations
