@@ -98,7 +98,7 @@ def test_the_control_plane_term_follows_the_simulated_negotiation(workers):
     core, one small allreduce per step): peer to peer at 2 and 4 ranks, the 3-ary tree at 32 and 128."""
     pytest.importorskip("greenlet")
     from horovod.tools.simulate.report import figures
-    simulated = figures(workers, seed=1, steps=3, tensors=1, slots=1, cores=1)["step_latency_s"]
+    simulated = figures(workers, seed=1, steps=3, tensors=1, slots=1, cores=1, lifecycle=False)["step_latency_s"]
     closed = scaling.cycle_seconds(scaling.ControlModel.simulated(), workers)
     assert closed == pytest.approx(simulated, rel=0.25), (closed, simulated)
 
@@ -115,3 +115,19 @@ def test_the_published_comparison_includes_the_control_plane(capsys):
     work = scaling.PUBLISHED[0][0]
     assert scaling.step_seconds(link, work, 512, 4, scaling.ControlModel.simulated()) == pytest.approx(
         scaling.step_seconds(link, work, 512, 4) + control)
+
+
+@pytest.mark.parametrize("workers,per_host,cores", [(2, 2, 2), (16, 8, 8), (128, 8, 8), (64, 64, 2)])
+def test_the_start_up_term_follows_the_simulated_start_up(workers, per_host, cores):
+    """The closed form's start-up against the simulation's (launch, spawn, boot on shared cores, the rendezvous
+    direct or by the tree, the first cycle): one host, several, and many ranks on two cores."""
+    pytest.importorskip("greenlet")
+    from horovod.tools.simulate.job import Workload, scenario
+    from horovod.tools.simulate.startup import StartupModel
+    once = Workload(steps=1, tensors=1, compute=0.0, jitter=0.0)
+    simulated = scenario(workers, 1, per_host, cores, once, startup=StartupModel()).step_done[0]
+    closed = scaling.startup_seconds(scaling.StartupTerm.simulated(), scaling.ControlModel.simulated(), workers,
+                                     per_host, cores)
+    assert closed == pytest.approx(simulated, rel=0.25), (closed, simulated)
+    assert "start-up |" in scaling.predict_table(scaling.LinkModel(), [scaling.PUBLISHED[0][0]], [workers], per_host,
+                                                 scaling.ControlModel.simulated(), scaling.StartupTerm.simulated())

@@ -22,6 +22,13 @@ that cycle's cost at the few hosts the fit sees; what grows with the world size 
 ends' handling (a rank with a core of its own polls for it: no wake-up); the star's rank 0 handles ``2(n-1)`` frames
 in a row.
 
+Start-up. From the launch to the first allreduce's result: the launcher's start, another host reached over ssh, a
+host's ranks spawned one after another and booting (the interpreter and imports) on its cores, the rendezvous server
+taking each rank's record (and, up to 16 ranks, answering each with every record; past that rank 0 gets them and the
+tree hands them down, a level at a time), then the first negotiation cycle. :func:`startup_seconds` adds these up;
+its constants are the simulation's (:mod:`horovod.tools.simulate.startup`, fitted to this machine by
+:mod:`horovod.tools.simulate.calibration`), and the tests hold it to the simulated start-up within 25 %.
+
 ``--fit`` takes the cross-host benchmark's JSON (``bench/crosshost.py``) and fits ``c``, ``a`` and ``e`` to
 horovod-py's allreduce times of every flat layout by non-negative least squares on relative errors (one bandwidth
 for the machine; ``e`` is it over the mean measured link ceiling). Namespace hosts share one machine's cores (the
@@ -47,7 +54,7 @@ import numpy as np
 from horovod.core.negotiation import PEER_NEGOTIATION_MAX_RANKS, STAR_NEGOTIATION_MAX_RANKS
 from horovod.core.negotiation.tree import ARITY
 
-__all__ = ["LinkModel", "ControlModel", "Workload", "PUBLISHED", "allreduce_seconds", "cycle_seconds",
+__all__ = ["LinkModel", "ControlModel", "StartupTerm", "Workload", "startup_seconds", "PUBLISHED", "allreduce_seconds", "cycle_seconds",
            "step_seconds", "fit", "predict_table", "published_table", "check", "main"]
 
 MODEL_TENSORS = [1 << k for k in range(10, 22)] + [256] * 12     # bench/workers.py's model step
@@ -85,6 +92,48 @@ class ControlModel:
         from horovod.tools.simulate.world import CpuModel, LinkModel as SimLink
         cpu, link = CpuModel(), SimLink()
         return cls(hop_s=link.remote_latency + 2 * cpu.frame, frame_s=cpu.frame, fixed_s=cpu.cycle + cpu.wake)
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupTerm:
+    """Start-up's constants (see the module docstring), by default the simulation's."""
+
+    launch_s: float = 0.15          # the launcher's own start
+    remote_s: float = 0.3           # reaching the other hosts (in parallel)
+    spawn_s: float = 0.004          # between two ranks a host starts
+    boot_s: float = 0.2             # a rank's CPU until init
+    request_s: float = 150e-6       # the rendezvous server's CPU per request
+    answer_byte_s: float = 1e-9     # per byte of records the server writes, or a rank relays
+    record_bytes: int = 120         # one rank's record
+    direct_max: int = 16            # the largest job whose every rank asks the server for every record
+
+    @classmethod
+    def simulated(cls) -> "StartupTerm":
+        """The simulation's start-up model's constants (:mod:`horovod.tools.simulate.startup`)."""
+        from horovod.core.bootstrap import DIRECT_RECORDS_MAX_RANKS
+        from horovod.tools.simulate.startup import StartupModel
+        m = StartupModel()
+        return cls(m.launch, m.remote, m.spawn, m.boot, m.request, 1.0 / m.serve_bandwidth, m.record,
+                   DIRECT_RECORDS_MAX_RANKS)
+
+
+def startup_seconds(term: StartupTerm, control: ControlModel, workers: int, per_host: int = 1,
+                    cores: int = 1) -> float:
+    """From the launch to the first result at ``workers`` ranks, ``per_host`` to a host of ``cores`` cores."""
+    hosts = max(1, math.ceil(workers / max(1, per_host)))
+    local = min(workers, per_host)
+    spawned = term.launch_s + (term.remote_s if hosts > 1 else 0.0) + local * term.spawn_s
+    booted = spawned + term.boot_s * math.ceil(local / max(1, cores))
+    records = workers * term.record_bytes * term.answer_byte_s
+    if workers <= term.direct_max:      # every rank registers and asks; the server answers each
+        served = workers * (3 * term.request_s + records)
+    else:                               # every rank registers, rank 0 asks; the tree hands the records down
+        depth, reach = 0, 1
+        while reach < workers:
+            depth, reach = depth + 1, reach * control.arity + 1
+        served = (workers + 2) * term.request_s + records + \
+            depth * (control.hop_s + control.arity * (control.frame_s + records))
+    return booted + served + cycle_seconds(control, workers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,17 +199,20 @@ def step_seconds(link: LinkModel, work: Workload, workers: int, per_host: int = 
 
 
 def predict_table(link: LinkModel, works: Sequence[Workload], workers: Sequence[int], per_host: int = 1,
-                  control: Optional[ControlModel] = None) -> str:
-    """A markdown table: step time and scaling efficiency of each workload at each worker count, and the control
-    plane's share of the step."""
-    lines = ["| workers | " + " | ".join(f"{w.name} step / efficiency" for w in works) + " | control plane |",
-             "|---|" + "---|" * (len(works) + 1)]
+                  control: Optional[ControlModel] = None, startup: Optional[StartupTerm] = None,
+                  cores: int = 1) -> str:
+    """A markdown table: step time and scaling efficiency of each workload at each worker count, the control
+    plane's share of the step and (with ``startup``) the time from the launch to the first result."""
+    lines = ["| workers | " + " | ".join(f"{w.name} step / efficiency" for w in works) + " | control plane |" +
+             (" start-up |" if startup else ""), "|---|" + "---|" * (len(works) + 1 + bool(startup))]
     for n in workers:
         cells = []
         for w in works:
             step = step_seconds(link, w, n, per_host if n >= per_host else 1, control)
             cells.append(f"{step * 1e3:.0f} ms / {w.compute_s / step:.0%}")
-        lines.append(f"| {n} | " + " | ".join(cells) + f" | {control_seconds(control, n) * 1e3:.2f} ms |")
+        first = f" {startup_seconds(startup, control or ControlModel(), n, per_host, cores):.2f} s |" \
+            if startup else ""
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {control_seconds(control, n) * 1e3:.2f} ms |" + first)
     return "\n".join(lines)
 
 
@@ -270,6 +322,7 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--overlap", type=float, default=0.5, help="share of the compute communication can hide")
     parser.add_argument("--link-gbit", type=float, default=25.0, help="link speed between hosts, Gbit/s")
     parser.add_argument("--per-host", type=int, default=1, help="workers per host (hierarchical above 1)")
+    parser.add_argument("--cores", type=int, default=0, help="cores per host for start-up (default: --per-host)")
     parser.add_argument("--workers", default="2,4,8,16,32,64,128,256,512,1024,2048,4096")
     parser.add_argument("--fit", help="bench/crosshost.py's JSON: fit the model's constants to it")
     parser.add_argument("--published", action="store_true", help="the three published models (128 x 4 GPUs)")
@@ -300,9 +353,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.fit) as handle:
             link = dataclasses.replace(fit(json.load(handle)), link_bytes_s=link.link_bytes_s)
     workers = [int(w) for w in args.workers.split(",")]
-    control = ControlModel.simulated()
+    control, startup = ControlModel.simulated(), StartupTerm.simulated()
     if args.published:
-        print(predict_table(link, [w for w, _ in PUBLISHED], workers, per_host=4, control=control))
+        print(predict_table(link, [w for w, _ in PUBLISHED], workers, per_host=4, control=control, startup=startup,
+                            cores=4))
         print("\npublished at 512 GPUs: " + ", ".join(f"{w.name} {eff:.0%}" for w, eff in PUBLISHED) + "\n")
         print(published_table(link, control))
         return 0
@@ -310,7 +364,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("give --params and --compute-ms (or --published, or --check FILE)", file=sys.stderr)
         return 2
     work = Workload("model", args.params, args.compute_ms / 1e3, args.overlap)
-    print(predict_table(link, [work], workers, args.per_host, control))
+    print(predict_table(link, [work], workers, args.per_host, control, startup, args.cores or args.per_host))
     return 0
 
 

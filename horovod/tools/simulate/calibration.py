@@ -1,12 +1,20 @@
 """The simulation against the benchmark: fit its costs to the small jobs, then predict the larger ones side by side.
 
-    python -m horovod.tools.simulate.calibration bench/figures/scale-results.json [--cores 2]
+    python -m horovod.tools.simulate.calibration bench/figures/scale-control.json [--cores 2]
 
-From ``bench/scale.py``'s JSON (n ranks on one host of ``cores`` cores, a loop of blocking 4 B allreduces) it fits
-two numbers to np 2 and np 4 only: how much the CPU model's costs scale (np 4 is CPU-bound: four ranks on two cores)
-and the loopback's latency (np 2 is latency-bound: a core each). It then simulates every other measured np with those
-costs and prints predicted against measured 4 B latency, with the error. Start-up, cached-cycle latency and the time
-to detect a killed rank are not modelled yet (docs/scaling.md).
+From ``bench/scale_control.py``'s JSON (n ranks on one host of ``cores`` cores: start-up to the first result, a loop
+of blocking 4 B allreduces, a loop of cached 20-name cycles, the time until the last survivor of a killed rank
+raised) it fits five numbers to np 2 and np 4 only, each from the figure it governs:
+
+- the CPU model's scale, from np 4's 4 B allreduce (CPU-bound: four ranks on two cores), and the loopback latency,
+  from np 2's (latency-bound: a core each), in turn until both settle;
+- a rank's boot (the interpreter and imports, on a shared core) from np 4's start-up less np 2's, and the
+  launcher's own start from np 2's;
+- what failing costs a rank (the error raised through the engine, every handle failed, the hang-up), from np 4's
+  detection time.
+
+It then simulates every measured np with those costs and prints the four figures predicted beside the measured ones,
+with the error. ``bench/scale.py``'s JSON works too (start-up and the 4 B allreduce only).
 """
 
 from __future__ import annotations
@@ -19,19 +27,65 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from horovod.tools.simulate.job import Workload
 from horovod.tools.simulate.report import scenario
-from horovod.tools.simulate.world import CpuModel, LinkModel
+from horovod.tools.simulate.startup import StartupModel
+from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
-__all__ = ["allreduce_4b_seconds", "fit", "predict", "table", "main"]
+__all__ = ["Costs", "allreduce_4b_seconds", "cycle_seconds", "startup_seconds", "detect_seconds", "FIGURES",
+           "fit", "predict", "table", "main"]
 
-_LOOP = Workload(steps=12, tensors=1, compute=0.0, jitter=0.0)     # blocking ops back to back, as the bench loops
-_WARM = 3                                                          # steps left out: new names, the first cycles
+_WARM = 3                   # steps left out of a loop's time: new names, the first cycles
 
 
-def allreduce_4b_seconds(size: int, cores: int, cpu: CpuModel, link: LinkModel) -> float:
-    """The simulated time per op of a loop of blocking 4 B allreduces on ``size`` ranks sharing ``cores`` cores."""
-    job = scenario(size, seed=1, slots=size, cores=cores, workload=_LOOP, cpu=cpu, link=link)
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Everything the fit sets."""
+
+    cpu: CpuModel = CpuModel()
+    link: LinkModel = LinkModel()
+    startup: StartupModel = StartupModel()
+
+
+def _loop(size: int, cores: int, costs: Costs, tensors: int, steps: int = 12) -> float:
+    job = scenario(size, seed=1, slots=size, cores=cores, cpu=costs.cpu, link=costs.link,
+                   workload=Workload(steps=steps, tensors=tensors, compute=0.0, jitter=0.0, mixed=False))
     done = [job.step_done[s] for s in sorted(job.step_done)]
     return (done[-1] - done[_WARM - 1]) / (len(done) - _WARM)
+
+
+def allreduce_4b_seconds(size: int, cores: int, costs: Costs) -> float:
+    """Simulated time per op of a loop of blocking 4 B allreduces on ``size`` ranks sharing ``cores`` cores."""
+    return _loop(size, cores, costs, tensors=1)
+
+
+def cycle_seconds(size: int, cores: int, costs: Costs) -> float:
+    """Simulated time per step of a loop of 20 cached 4 B allreduces submitted at once, then waited for."""
+    return _loop(size, cores, costs, tensors=20, steps=10)
+
+
+def startup_seconds(size: int, cores: int, costs: Costs) -> float:
+    """Simulated time from the launch until the last rank holds its first allreduce's result."""
+    job = scenario(size, seed=1, slots=size, cores=cores, cpu=costs.cpu, link=costs.link, startup=costs.startup,
+                   workload=Workload(steps=1, tensors=1, compute=0.0, jitter=0.0))
+    return job.step_done[0]
+
+
+def detect_seconds(size: int, cores: int, costs: Costs) -> float:
+    """Simulated time from killing rank ``size // 2 + 1`` (the last at 2) in a loop of blocking 4 B allreduces until
+    the last survivor raised."""
+    victim = size // 2 + 1 if size > 2 else size - 1
+    loop = allreduce_4b_seconds(size, cores, costs)
+    faults = Faults(kill=[(loop * 6.5, victim)])
+    job = scenario(size, seed=1, slots=size, cores=cores, cpu=costs.cpu, link=costs.link, faults=faults,
+                   workload=Workload(steps=1000, tensors=1, compute=0.0, jitter=0.0, mixed=False))
+    return max(job.failed_at.values()) - job.fault_at
+
+
+FIGURES: Dict[str, Callable[[int, int, Costs], float]] = {
+    "first_s": startup_seconds, "ar4_us": allreduce_4b_seconds, "cycle20_us": cycle_seconds,
+    "detect_ms": detect_seconds}
+_UNIT = {"first_s": 1.0, "ar4_us": 1e-6, "cycle20_us": 1e-6, "detect_ms": 1e-3}
+_LABEL = {"first_s": "start-up, s", "ar4_us": "4 B allreduce, µs", "cycle20_us": "cached cycle of 20 names, µs",
+          "detect_ms": "killed rank detected, ms"}
 
 
 def _solve(measure: Callable[[float], float], target: float, low: float, high: float) -> float:
@@ -49,55 +103,104 @@ def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
     return CpuModel(**{f.name: getattr(cpu, f.name) * factor for f in dataclasses.fields(CpuModel)})
 
 
-def fit(measured: Dict[int, float], cores: int, cpu: CpuModel = CpuModel(), link: LinkModel = LinkModel()):
-    """CPU costs scaled to np 4's measured time and the loopback latency set to np 2's (seconds by np), fitted in
-    turn three times: each moves the other a little (np 2 costs some CPU, np 4 some latency)."""
-    factor = 1.0
-    for _ in range(3):
-        local = _solve(lambda x: allreduce_4b_seconds(2, cores, _scaled(cpu, factor),
-                                                      dataclasses.replace(link, local_latency=x)),
-                       measured[2], 1e-7, 1e-2)
-        link = dataclasses.replace(link, local_latency=local)
-        factor = _solve(lambda x: allreduce_4b_seconds(4, cores, _scaled(cpu, x), link), measured[4], 1e-3, 1e3)
-    return _scaled(cpu, factor), link
+def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()) -> Costs:
+    """The costs fitted to np 2 and 4 of ``measured`` (figure -> np -> seconds); figures it lacks keep ``base``'s."""
+    costs, ar4 = base, measured.get("ar4_us", {})
+    if 2 in ar4 and 4 in ar4:
+        factor = 1.0
+        for _ in range(3):      # each moves the other a little (np 2 costs some CPU, np 4 some latency)
+            cpu = _scaled(base.cpu, factor)
+            local = _solve(lambda x: allreduce_4b_seconds(2, cores, dataclasses.replace(
+                costs, cpu=cpu, link=dataclasses.replace(costs.link, local_latency=x))), ar4[2], 1e-7, 1e-2)
+            costs = dataclasses.replace(costs, link=dataclasses.replace(costs.link, local_latency=local))
+            factor = _solve(lambda x: allreduce_4b_seconds(4, cores, dataclasses.replace(
+                costs, cpu=_scaled(base.cpu, x))), ar4[4], 1e-3, 1e3)
+        costs = dataclasses.replace(costs, cpu=_scaled(base.cpu, factor))
+    first = measured.get("first_s", {})
+    if 2 in first and 4 in first:
+        for _ in range(3):      # boot from the difference (two more ranks share the cores), the launch from np 2
+            boot = _solve(lambda x: _with_startup(startup_seconds, 4, cores, costs, boot=x) -
+                          _with_startup(startup_seconds, 2, cores, costs, boot=x), first[4] - first[2], 1e-4, 10.0)
+            launch = _solve(lambda x: _with_startup(startup_seconds, 2, cores, costs, boot=boot, launch=x),
+                            first[2], 1e-4, 10.0)
+            costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, boot=boot, launch=launch))
+    detect = measured.get("detect_ms", {})
+    if 4 in detect:
+        fail = _solve(lambda x: detect_seconds(4, cores, dataclasses.replace(
+            costs, cpu=dataclasses.replace(costs.cpu, fail=x))), detect[4], 1e-6, 1.0)
+        costs = dataclasses.replace(costs, cpu=dataclasses.replace(costs.cpu, fail=fail))
+    return costs
 
 
-def predict(measured: Dict[int, float], cores: int) -> List[Dict[str, float]]:
-    """Each measured np: predicted and measured seconds per op and the relative error, from np 2 and 4's fit."""
-    cpu, link = fit(measured, cores)
+def _with_startup(figure, size: int, cores: int, costs: Costs, **changes) -> float:
+    return figure(size, cores, dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, **changes)))
+
+
+def predict(measured: Dict[str, Dict[int, float]], cores: int, costs: Optional[Costs] = None
+            ) -> List[Dict[str, object]]:
+    """For each figure and measured np: predicted and measured seconds and the relative error, from np 2 and 4's
+    fit (or ``costs``)."""
+    costs = costs or fit(measured, cores)
     rows = []
-    for size in sorted(measured):
-        predicted = allreduce_4b_seconds(size, cores, cpu, link)
-        rows.append({"ranks": size, "measured_s": measured[size], "predicted_s": predicted,
-                     "error": predicted / measured[size] - 1.0, "fitted": size in (2, 4)})
+    for name, by_np in measured.items():
+        for size in sorted(by_np):
+            predicted = FIGURES[name](size, cores, costs)
+            rows.append({"figure": name, "ranks": size, "measured_s": by_np[size], "predicted_s": predicted,
+                         "error": predicted / by_np[size] - 1.0, "fitted": size in (2, 4)})
     return rows
 
 
-def table(rows: Sequence[Dict[str, float]]) -> str:
-    """The rows as a markdown table."""
-    lines = ["| ranks | measured 4 B, µs | predicted, µs | error |", "|---|---|---|---|"]
-    for r in rows:
-        note = " (fitted)" if r["fitted"] else ""
-        lines.append(f"| {r['ranks']} | {r['measured_s'] * 1e6:,.0f} | {r['predicted_s'] * 1e6:,.0f} | "
-                     f"{r['error']:+.0%}{note} |")
+def table(rows: Sequence[Dict[str, object]]) -> str:
+    """The rows as a markdown table: a row per np, measured / predicted (error) per figure."""
+    names = [n for n in FIGURES if any(r["figure"] == n for r in rows)]
+    lines = ["| ranks | " + " | ".join(f"{_LABEL[n]}: measured / predicted (error)" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for size in sorted({r["ranks"] for r in rows}):
+        cells = []
+        for name in names:
+            row = next((r for r in rows if r["figure"] == name and r["ranks"] == size), None)
+            if row is None:
+                cells.append("")
+                continue
+            unit = _UNIT[name]
+            fitted = " fitted" if row["fitted"] else ""
+            cells.append(f"{row['measured_s'] / unit:,.3g} / {row['predicted_s'] / unit:,.3g} "
+                         f"({row['error']:+.0%}{fitted})")
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def measured_figures(saved: dict) -> Dict[str, Dict[int, float]]:
+    """figure -> np -> seconds, from bench/scale_control.py's JSON or bench/scale.py's (its horovod-py medians)."""
+    medians = saved["medians"]
+    medians = medians.get("horovod-py", medians)
+    out: Dict[str, Dict[int, float]] = {}
+    for size, row in medians.items():
+        for name in FIGURES:
+            if row.get(name):
+                out.setdefault(name, {})[int(size)] = row[name] * _UNIT[name]
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point; see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m horovod.tools.simulate.calibration", description=__doc__)
-    parser.add_argument("results", help="bench/scale.py's JSON")
+    parser.add_argument("results", help="bench/scale_control.py's (or bench/scale.py's) JSON")
     parser.add_argument("--cores", type=int, default=0, help="the benchmark machine's cores (default: its record)")
+    parser.add_argument("--figures", default=",".join(FIGURES), help="which figures, comma-separated")
     args = parser.parse_args(argv)
     with open(args.results) as handle:
         saved = json.load(handle)
-    ours = saved["medians"]["horovod-py"]
-    measured = {int(n): row["ar4_us"] / 1e6 for n, row in ours.items() if row.get("ar4_us")}
-    if 2 not in measured or 4 not in measured:
+    wanted = set(args.figures.split(","))
+    measured = {k: v for k, v in measured_figures(saved).items() if k in wanted}
+    if not any(2 in v and 4 in v for v in measured.values()):
         print("the results need np 2 and np 4 (the fit's two points)", file=sys.stderr)
         return 2
     cores = args.cores or int(saved["meta"].get("cores") or 2)
-    print(table(predict(measured, cores)))
+    costs = fit(measured, cores)
+    print(f"fitted: CPU costs {costs.cpu}, loopback latency {costs.link.local_latency * 1e6:.1f} us, "
+          f"boot {costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s", file=sys.stderr)
+    print(table(predict(measured, cores, costs)))
     return 0
 
 

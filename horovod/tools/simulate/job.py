@@ -22,9 +22,10 @@ from horovod.common.config import load_config
 from horovod.common.types import OpType, ReduceOp, Request
 from horovod.core.ops import Entry
 from horovod.tools.simulate.rank import SimHandle, SimRank, greenlet
-from horovod.tools.simulate.world import World
+from horovod.tools.simulate.startup import Rendezvous, StartupModel
+from horovod.tools.simulate.world import CpuModel, Faults, LinkModel, World
 
-__all__ = ["InvariantViolation", "Workload", "Job"]
+__all__ = ["InvariantViolation", "Workload", "Job", "scenario"]
 
 
 class InvariantViolation(AssertionError):
@@ -35,9 +36,10 @@ class Workload:
     """The training loop every rank runs (see the module's docstring)."""
 
     def __init__(self, steps: int = 4, tensors: int = 20, count: int = 1, compute: float = 0.002,
-                 jitter: float = 0.2):
+                 jitter: float = 0.2, mixed: bool = True):
         self.steps, self.tensors, self.count, self.compute, self.jitter = steps, tensors, count, compute, jitter
-        self.arrays = (np.ones(count, np.float32), np.ones(count, np.float64))
+        # mixed: even and odd tensors of two dtypes (two batches a cycle); else float32 only, as a benchmark's loop
+        self.arrays = (np.ones(count, np.float32), np.ones(count, np.float64) if mixed else np.ones(count, np.float32))
 
     def requests(self) -> List[Tuple[Request, np.ndarray]]:
         """One step's requests, in submission order, each with its (shared, read-only) array."""
@@ -53,9 +55,11 @@ class Job:
     """``size`` simulated ranks over ``world`` running ``workload``; :meth:`run` returns the figures."""
 
     def __init__(self, world: World, workload: Workload, env: Optional[Dict[str, str]] = None,
-                 break_order: int = -1):
+                 break_order: int = -1, startup: Optional[StartupModel] = None):
         self.world, self.size, self.workload = world, world.size, workload
         self.break_order = break_order
+        self.startup = startup      # None: every rank holds the records at time 0 and begins at once
+        self.rendezvous = Rendezvous(self, startup or StartupModel(), self.size)
         self.hub = greenlet.getcurrent()
         config = load_config({"HOROVOD_SHM_DISABLE": "1", **(env or {})})
         self.ranks = [SimRank(self, r, config) for r in range(self.size)]
@@ -82,8 +86,10 @@ class Job:
             InvariantViolation: an invariant broke (the message names the seed).
         """
         for rank in self.ranks:
-            rank.start()
-            self.world.at(0.0, lambda r=rank: self._begin_step(r))
+            host = self.world.host_of(rank.rank)
+            rank.start(self.startup.spawned_at(rank.rank - host * self.world.slots, host) if self.startup else 0.0)
+            if self.startup is None:
+                self.world.at(0.0, lambda r=rank: self._begin_step(r))
         for when, rank in self.world.faults.kill:
             self.world.at(when, lambda r=rank: self._kill(r))
         if self.world.faults.partition is not None:
@@ -93,6 +99,10 @@ class Job:
                 self._violation(f"more than {max_events} events: a livelock")
         self._check_end()
         return self
+
+    def ready(self, rank: SimRank) -> None:
+        """``rank`` booted and holds every record: its caller begins the first step."""
+        self.world.at(rank.clock(), lambda: self._begin_step(rank))
 
     def run_starts(self, rank: SimRank, now: float) -> Optional[float]:
         """A core for ``rank``'s run from ``now``, or None (its resume is queued for when one frees)."""
@@ -250,3 +260,12 @@ class Job:
 def _short(signature: tuple) -> str:
     return "; ".join(f"{OpType(op).name if op in OpType._value2member_map_ else op} {list(names)[:3]}"
                      for op, names in signature)[:300]
+
+
+def scenario(size: int, seed: int, slots: int = 8, cores: int = 8, workload: Optional[Workload] = None,
+             faults: Optional[Faults] = None, env: Optional[Dict[str, str]] = None, cpu: CpuModel = CpuModel(),
+             link: LinkModel = LinkModel(), break_order: int = -1, startup: Optional[StartupModel] = None) -> Job:
+    """One simulated job, run to its end (raises InvariantViolation when an invariant breaks); with ``startup``,
+    from the launch (:mod:`~horovod.tools.simulate.startup`)."""
+    world = World(size, slots, cores, seed, cpu, link, faults)
+    return Job(world, workload or Workload(), env, break_order, startup).run()

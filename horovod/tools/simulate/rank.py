@@ -22,6 +22,7 @@ from horovod.core.negotiation import for_loop
 from horovod.core.negotiation.base import BATCH_SPACING_SECONDS
 from horovod.core.set_state import NEW, ProcessSets
 from horovod.core.waiters import Waiters
+from horovod.tools.simulate.startup import RENDEZVOUS_FD
 from horovod.transport.shm import SPIN_SECONDS
 
 try:
@@ -182,6 +183,7 @@ class SimRank:
         self.busy = 0.0                 # CPU seconds charged so far
         self._clock = 0.0
         self._waiting: Optional[Set[int]] = None
+        self._answered = False          # the rendezvous server (or the tree parent) answered
         self._token = 0
         self._greenlet: Optional[greenlet.greenlet] = None
 
@@ -219,10 +221,11 @@ class SimRank:
         self._clock += seconds
         self.busy += seconds
 
-    def start(self) -> None:
-        """Make the greenlet and run it first at time 0."""
+    def start(self, at: float = 0.0) -> None:
+        """Make the greenlet and run it first at ``at`` (when the launcher spawned the rank)."""
         self._greenlet = greenlet.greenlet(self._main)
-        self.world.at(0.0, self._resume)
+        self._clock = self._wait_began = at
+        self.world.at(at, self._resume)
 
     def wait(self, fds: Set[int], timeout: Optional[float]) -> None:
         """End this run and wait until one of ``fds`` is readable or ``timeout`` passes (None: forever)."""
@@ -241,6 +244,11 @@ class SimRank:
             self._waiting = None
             self.world.at(self.world.now, self._resume)
 
+    def answered(self) -> None:
+        """The rendezvous server's answer (or the records from the tree parent) arrived."""
+        self._answered = True
+        self.readable(RENDEZVOUS_FD)
+
     def connection_closed(self, peer: int, lost: int) -> None:
         """The connection to ``peer`` broke; ``lost`` is the rank whose loss it reports (the loss board)."""
         if self.dead or peer in self.transport.closed:
@@ -251,6 +259,8 @@ class SimRank:
     def _is_readable(self, fd: int) -> bool:
         if fd == WAKE_FD:
             return self.wake.pending
+        if fd == RENDEZVOUS_FD:
+            return self._answered
         return bool(self.transport.inbox.get(fd)) or fd in self.transport.closed
 
     def _timer(self, token: int) -> None:
@@ -271,6 +281,7 @@ class SimRank:
 
     def _main(self) -> None:
         try:
+            self._boot()
             self.negotiation.start()
             while not self.finished:
                 self.negotiation.await_cycle()
@@ -283,8 +294,27 @@ class SimRank:
                     self.finished = self.finished or decision.shutdown
         except HorovodInternalError as exc:
             self.error = exc
+            self.charge(self.world.cpu.fail)
+            self._ask_server(self.job.rendezvous.post_loss)      # the loss board, before it hangs up
             self.job.rank_failed(self)
         self.job.run_ended(self, self._clock)
+
+    def _boot(self) -> None:
+        """Where the job models start-up: boot, register, wait for the records, hand them down, then begin."""
+        startup = self.job.startup
+        if startup is None:
+            return
+        self.charge(startup.boot)
+        self._ask_server(self.job.rendezvous.register)
+        self.job.rendezvous.hand_down(self)
+        self.job.ready(self)
+
+    def _ask_server(self, request) -> None:
+        """Send ``request`` to the rendezvous server and wait for its answer."""
+        self._answered = False
+        request(self, self._clock)
+        while not self._answered:
+            self.wait({RENDEZVOUS_FD}, None)
 
     def _execute(self, state, decision) -> None:
         """Complete what the cycle decided, in order, and record it in the response cache (as execution does)."""

@@ -1,12 +1,14 @@
 """Figures of simulated jobs across world sizes: what each rank handles per cycle, cycle latency, and how long the
-survivors take to fail after a rank dies.
+survivors take to fail after a rank dies, start-up and an elastic reset.
 
     python -m horovod.tools.simulate --ranks 8,64,512,4096 --seed 1
 
 Per world size it runs the training loop of :class:`~horovod.tools.simulate.job.Workload` twice: once whole, for
 frames and bytes per rank and cycle (the first step, whose names are new, and the cached steps after it) and the
 step's latency from its last submission to its last result; once with a rank killed in the middle of a step, for the
-time until the last survivor has failed naming it.
+time until the last survivor has failed naming it. Then once from the launch to the first result
+(:mod:`~horovod.tools.simulate.startup`), and an elastic reset around the lost rank's detection
+(:mod:`~horovod.tools.simulate.elastic`).
 """
 
 from __future__ import annotations
@@ -14,18 +16,12 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional
 
-from horovod.tools.simulate.job import Job, Workload
-from horovod.tools.simulate.world import CpuModel, Faults, LinkModel, World
+from horovod.tools.simulate.elastic import reset_seconds
+from horovod.tools.simulate.job import Job, Workload, scenario
+from horovod.tools.simulate.startup import StartupModel
+from horovod.tools.simulate.world import CpuModel, Faults
 
 __all__ = ["scenario", "figures", "table"]
-
-
-def scenario(size: int, seed: int, slots: int = 8, cores: int = 8, workload: Optional[Workload] = None,
-             faults: Optional[Faults] = None, env: Optional[Dict[str, str]] = None, cpu: CpuModel = CpuModel(),
-             link: LinkModel = LinkModel(), break_order: int = -1) -> Job:
-    """One simulated job, run to its end (raises InvariantViolation when an invariant breaks)."""
-    world = World(size, slots, cores, seed, cpu, link, faults)
-    return Job(world, workload or Workload(), env, break_order).run()
 
 
 def _per_cycle(job: Job, first: int, last: int) -> Dict[str, float]:
@@ -53,8 +49,10 @@ def _first_step(job: Job) -> Dict[str, float]:
 
 
 def figures(size: int, seed: int, steps: int = 4, tensors: int = 20, slots: int = 8, cores: int = 8,
-            env: Optional[Dict[str, str]] = None, cpu: CpuModel = CpuModel()) -> Dict[str, float]:
-    """The figures of one world size (see the module's docstring)."""
+            env: Optional[Dict[str, str]] = None, cpu: CpuModel = CpuModel(),
+            startup: StartupModel = StartupModel(), lifecycle: bool = True) -> Dict[str, float]:
+    """The figures of one world size (see the module's docstring); ``lifecycle=False`` leaves out start-up and the
+    elastic reset."""
     began = time.process_time()
     job = scenario(size, seed, slots, cores, Workload(steps=steps, tensors=tensors), env=env, cpu=cpu)
     out: Dict[str, float] = {"ranks": size, "mode": job.ranks[0].negotiation.name}
@@ -73,19 +71,32 @@ def figures(size: int, seed: int, steps: int = 4, tensors: int = 20, slots: int 
                                       f"rank {victim} was lost" in str(r.error))
     else:
         out["detect_s"], out["survivors_naming"] = float("nan"), 0     # the job ended before the kill
+    if lifecycle:
+        out.update(_lifecycle(size, seed, slots, cores, tensors, env, cpu, startup, out["detect_s"]))
     out["sim_cpu_s"] = time.process_time() - began
     return out
+
+
+def _lifecycle(size, seed, slots, cores, tensors, env, cpu, startup, detect) -> Dict[str, float]:
+    """Start-up to the first result, and an elastic reset around the lost rank's ``detect``."""
+    first = scenario(size, seed, slots, cores, Workload(steps=1, tensors=tensors, compute=0.0, jitter=0.0),
+                     env=env, cpu=cpu, startup=startup)
+    reset = reset_seconds(size, slots, cores, cpu, startup=startup, seed=seed, detect=detect)["reset_s"]
+    return {"startup_s": first.step_done[0], "rendezvous_requests": first.rendezvous.requests, "reset_s": reset}
 
 
 def table(rows: List[Dict[str, float]]) -> str:
     """The figures as a markdown table."""
     head = ("| ranks | mode | frames / rank / cached cycle (most, mean) | bytes / rank / cached cycle (most) | "
             "frames / rank / cycle, new names (most) | cycles / step | cached step latency, ms | "
-            "lost rank: last survivor fails after, ms | survivors naming it | simulated in, s |")
-    lines = [head, "|" + "---|" * 10]
+            "lost rank: last survivor fails after, ms | survivors naming it | start-up to the first result, s | "
+            "elastic reset, s | simulated in, s |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         lines.append(f"| {r['ranks']} | {r['mode']} | {r['frames_max']:.1f}, {r['frames_mean']:.1f} | "
                      f"{r['bytes_max']:.0f} | {r['new_frames_max']:.1f} | {r['cycles_per_step']:.2f} | "
                      f"{r['step_latency_s'] * 1e3:.2f} | {r['detect_s'] * 1e3:.2f} | "
-                     f"{r['survivors_naming']} of {r['ranks'] - 1} | {r['sim_cpu_s']:.1f} |")
+                     f"{r['survivors_naming']} of {r['ranks'] - 1} | {r.get('startup_s', float('nan')):.2f} | "
+                     f"{r.get('reset_s', float('nan')):.2f} | "
+                     f"{r['sim_cpu_s']:.1f} |")
     return "\n".join(lines)

@@ -32,6 +32,7 @@ class CpuModel:
     byte: float = 2e-9           # per byte of a frame
     cycle: float = 30e-6         # one cycle's bookkeeping (the engine's step, the response cache)
     name: float = 1e-6           # per name a cycle decides (the coordinator, execution's bookkeeping)
+    fail: float = 300e-6         # failing: the error raised through the engine, every handle failed, the hang-up
 
 
 @dataclass(frozen=True)

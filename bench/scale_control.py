@@ -1,0 +1,212 @@
+"""The four control-plane figures the simulation predicts, measured on one host across world sizes (horovod-py only).
+
+    python bench/scale_control.py [--np 2,4,8,16,32,64,128] [--repeats 3] [--json FILE]
+
+For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings) measures:
+- start-up to the first allreduce's result, the slowest rank's, from the launch;
+- the 4 B allreduce: a loop of blocking ops, time per op (the slowest rank's);
+- a cached cycle of 20 names: 20 async 4 B allreduces submitted at once, then every result (time per step);
+- the time to detect a killed rank: once the loops are done every rank keeps allreducing; this script SIGKILLs rank
+  ``np // 2 + 1`` (the last at np 2) and each survivor stamps when its allreduce raised; the figure is the last
+  survivor's stamp less the kill's, and the run records how many survivors named the killed rank.
+
+The 4 B and 20-name figures are the median of a loop of at least ``--seconds``. Each figure of the table is the median
+over repeats. ``python -m horovod.tools.simulate.calibration bench/figures/scale-control.json`` fits the simulation to
+np 2 and 4 and prints its prediction of every other np beside these measurements (docs/scaling.md). Every run has a
+hard timeout and whatever it started is ended by pid (this process is its descendants' subreaper).
+"""
+
+from __future__ import annotations
+
+import time
+
+_STARTED = time.time()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+CYCLE_NAMES = 20
+FIGURES = ("first_s", "ar4_us", "cycle20_us", "detect_ms")
+
+
+def _timed(run, seconds: float, agree, slowest) -> float:
+    """The slowest rank's median time of ``run`` over a loop of about ``seconds`` (two warm-ups first)."""
+    import numpy as np
+    for _ in range(2):
+        run()
+    began = time.perf_counter()
+    run()
+    iters = agree(int(min(2000, max(5, seconds / max(time.perf_counter() - began, 1e-7)))))
+    times = []
+    for _ in range(iters):
+        began = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - began)
+    return slowest(float(np.median(times)))
+
+
+def _worker(spec) -> None:
+    import numpy as np
+    import horovod.numpy as hvd
+    from horovod.common.exceptions import HorovodInternalError
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    with open(os.path.join(spec["dir"], f"pid-{rank}"), "w") as handle:
+        handle.write(str(os.getpid()))
+    out = hvd.allreduce(np.full(4, float(rank)), name="first", op=hvd.Sum)
+    first = time.time() - spec["launched"]
+    assert out[0] == size * (size - 1) / 2, out
+    agree = lambda n: int(hvd.broadcast(np.array([n]), 0, name="iters")[0])         # noqa: E731
+    slowest = lambda t: float(hvd.allreduce(np.array([t]), op=hvd.Max, name="slowest")[0])   # noqa: E731
+    one = np.ones(1, np.float32)
+    ar4 = _timed(lambda: hvd.allreduce_(one, op=hvd.Average, name="ar4"), spec["seconds"], agree, slowest)
+    bufs = [np.ones(1, np.float32) for _ in range(CYCLE_NAMES)]
+
+    def cycle():
+        handles = [hvd.allreduce_async_(b, op=hvd.Average, name=f"cycle.{i}") for i, b in enumerate(bufs)]
+        for h in handles:
+            hvd.synchronize(h)
+    cycle20 = _timed(cycle, spec["seconds"], agree, slowest)
+    first = slowest(first)
+    if rank == 0:
+        with open(os.path.join(spec["dir"], "figures.json"), "w") as handle:
+            json.dump({"first_s": first, "ar4_us": ar4 * 1e6, "cycle20_us": cycle20 * 1e6}, handle)
+        os.rename(os.path.join(spec["dir"], "figures.json"), os.path.join(spec["dir"], "armed.json"))
+    try:
+        while True:
+            hvd.allreduce_(one, op=hvd.Average, name="ar4")
+    except HorovodInternalError as exc:
+        stamp = time.time()
+        with open(os.path.join(spec["dir"], f"failed-{rank}"), "w") as handle:
+            json.dump({"at": stamp, "error": str(exc)}, handle)
+    os._exit(1)
+
+
+def _wait_for(path: str, procs, deadline: float) -> bool:
+    """Whether ``path`` appeared before ``deadline`` with the job still running (polls: a benchmark, not a test)."""
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return True
+        if all(p.poll() is not None for p in procs):
+            return False
+        time.sleep(0.02)
+    return False
+
+
+def run_one(np_: int, args) -> dict:
+    """One job; its figures, or ``{"error": ...}``. Nothing it started outlives it."""
+    import suite
+    from scale import _end_all
+    victim = np_ // 2 + 1 if np_ > 2 else np_ - 1
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {"dir": tmp, "seconds": args.seconds, "launched": time.time()}
+        cmd = [sys.executable, "-m", "horovod.runner", "-np", str(np_), sys.executable, os.path.abspath(__file__),
+               "--worker", json.dumps(spec)]
+        log_path = os.path.join(tmp, "log")
+        with open(log_path, "w") as log:
+            procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=suite._env(),
+                                      start_new_session=True)]
+            try:
+                figures = _kill_and_watch(np_, victim, tmp, procs, time.monotonic() + args.timeout + 8 * np_)
+            finally:
+                _end_all(procs)
+        if "error" in figures:
+            with open(log_path) as log:
+                figures["log_tail"] = log.read()[-2000:]
+    return figures
+
+
+def _kill_and_watch(np_: int, victim: int, tmp: str, procs, deadline: float) -> dict:
+    armed = os.path.join(tmp, "armed.json")
+    if not _wait_for(armed, procs, deadline):
+        return {"error": "the job ended or timed out before its loops were done"}
+    with open(armed) as handle:
+        figures = json.load(handle)
+    with open(os.path.join(tmp, f"pid-{victim}")) as handle:
+        pid = int(handle.read())
+    time.sleep(0.2)                 # every rank is in its allreduce loop by now
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)
+    survivors = [r for r in range(np_) if r != victim]
+    for rank in survivors:
+        if not _wait_for(os.path.join(tmp, f"failed-{rank}"), procs, deadline):
+            break
+    stamps, naming = [], 0
+    for rank in survivors:
+        try:
+            with open(os.path.join(tmp, f"failed-{rank}")) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        stamps.append(record["at"])
+        naming += f"rank {victim} " in record["error"]
+    figures.update(survivors_failed=len(stamps), survivors_naming=naming, victim=victim)
+    if len(stamps) < len(survivors):
+        figures["error"] = f"{len(survivors) - len(stamps)} survivors never raised"
+    else:
+        figures["detect_ms"] = (max(stamps) - killed) * 1e3
+    return figures
+
+
+def medians(runs) -> dict:
+    """np -> the median of each figure over the runs that completed."""
+    table = {}
+    for np_ in sorted({r["np"] for r in runs}):
+        done = [r["figures"] for r in runs if r["np"] == np_ and "error" not in r["figures"]]
+        table[np_] = {k: statistics.median(f[k] for f in done) for k in FIGURES if done}
+        table[np_]["runs"] = len(done)
+    return table
+
+
+def markdown(table) -> str:
+    """The medians as a markdown table."""
+    lines = ["| np | start-up to first result, s | 4 B allreduce, µs | cached cycle of 20 names, µs | "
+             "killed rank: last survivor raised after, ms | runs |", "|---|---|---|---|---|---|"]
+    for np_, row in table.items():
+        if row["runs"]:
+            lines.append(f"| {np_} | {row['first_s']:.2f} | {row['ar4_us']:,.0f} | {row['cycle20_us']:,.0f} | "
+                         f"{row['detect_ms']:,.1f} | {row['runs']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", default="2,4,8,16,32,64,128", help="world sizes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=0.5, help="timed seconds per loop")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds per run, plus 8 per rank")
+    parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-control.json"))
+    args = parser.parse_args(argv)
+    from scale import _become_subreaper, _meta
+    _become_subreaper()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    meta, runs = _meta(argparse.Namespace(binding="numpy", repeats=args.repeats)), []
+    for np_ in [int(n) for n in args.np.split(",")]:
+        for repeat in range(args.repeats):
+            print(f"[np {np_}] run {repeat + 1}/{args.repeats}: starting", file=sys.stderr, flush=True)
+            figures = run_one(np_, args)
+            shown = figures.get("error") or ", ".join(f"{k} {figures[k]:.4g}" for k in FIGURES)
+            print(f"[np {np_}] run {repeat + 1}/{args.repeats}: {shown}", file=sys.stderr, flush=True)
+            runs.append({"np": np_, "repeat": repeat, "figures": figures})
+    meta["load_at_end"] = os.getloadavg()
+    table = medians(runs)
+    print(markdown(table))
+    with open(args.json, "w") as handle:
+        json.dump({"meta": meta, "medians": table, "runs": runs}, handle, indent=1)
+    return 0 if all("error" not in r["figures"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        _worker(json.loads(sys.argv[2]))
+    else:
+        sys.exit(main())
