@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--duplicate", type=float, default=0.0, help="one run only: probability a frame comes twice")
     parser.add_argument("--reorder", type=float, default=0.0,
                         help="one run only: probability a frame is overtaken by later ones of its connection")
+    parser.add_argument("--calibrated", default="",
+                        help="bench/scale_control.py's JSON: the costs fitted to its np 2 and 4 (this machine's "
+                             "CPU and loopback; across hosts the default link), instead of the first guesses")
     parser.add_argument("--json", default="", help="write the figures here")
     return parser
 
@@ -40,10 +43,12 @@ def main(argv=None) -> int:
     try:
         if args.kill or args.partition or args.delay or args.duplicate or args.reorder:
             return _one_run(args, sizes[0], env)
+        costs = _costs(args.calibrated)
         rows = []
         for size in sizes:
             print(f"simulating {size} ranks ...", file=sys.stderr, flush=True)
-            rows.append(figures(size, args.seed, args.steps, args.tensors, args.slots, args.cores, env))
+            rows.append(figures(size, args.seed, args.steps, args.tensors, args.slots, args.cores, env, costs.cpu,
+                                costs.startup, link=costs.link))
             print(f"  done in {rows[-1]['sim_cpu_s']:.1f} s", file=sys.stderr, flush=True)
     except InvariantViolation as exc:
         print(f"invariant broken: {exc}", file=sys.stderr)
@@ -53,6 +58,18 @@ def main(argv=None) -> int:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=1)
     return 0
+
+
+def _costs(results: str):
+    """The costs fitted to a benchmark's JSON (see :mod:`~horovod.tools.simulate.calibration`), or the defaults."""
+    from horovod.tools.simulate import calibration
+    if not results:
+        return calibration.Costs()
+    with open(results) as handle:
+        saved = json.load(handle)
+    costs = calibration.fit(calibration.measured_figures(saved), int(saved["meta"].get("cores") or 2))
+    print(f"calibrated from {results}: {calibration.describe(costs)}", file=sys.stderr, flush=True)
+    return costs
 
 
 def _one_run(args, size: int, env) -> int:

@@ -31,7 +31,7 @@ from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
 __all__ = ["Costs", "allreduce_4b_seconds", "cycle_seconds", "startup_seconds", "detect_seconds", "FIGURES",
-           "fit", "predict", "table", "main"]
+           "fit", "predict", "table", "measured_figures", "describe", "main"]
 
 _WARM = 3                   # steps left out of a loop's time: new names, the first cycles
 
@@ -182,6 +182,13 @@ def measured_figures(saved: dict) -> Dict[str, Dict[int, float]]:
     return out
 
 
+def describe(costs: Costs) -> str:
+    """The fitted numbers, in one line."""
+    return (f"CPU costs x{costs.cpu.wake / CpuModel().wake:.2f} of the first guesses, failing "
+            f"{costs.cpu.fail * 1e6:.0f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, boot "
+            f"{costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point; see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m horovod.tools.simulate.calibration", description=__doc__)
@@ -198,8 +205,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     cores = args.cores or int(saved["meta"].get("cores") or 2)
     costs = fit(measured, cores)
-    print(f"fitted: CPU costs {costs.cpu}, loopback latency {costs.link.local_latency * 1e6:.1f} us, "
-          f"boot {costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s", file=sys.stderr)
+    print(f"fitted: {describe(costs)}", file=sys.stderr)
     print(table(predict(measured, cores, costs)))
     return 0
 

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 from horovod.tools.simulate.elastic import reset_seconds
 from horovod.tools.simulate.job import Job, Workload, scenario
 from horovod.tools.simulate.startup import StartupModel
-from horovod.tools.simulate.world import CpuModel, Faults
+from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
 __all__ = ["scenario", "figures", "table"]
 
@@ -50,11 +50,12 @@ def _first_step(job: Job) -> Dict[str, float]:
 
 def figures(size: int, seed: int, steps: int = 4, tensors: int = 20, slots: int = 8, cores: int = 8,
             env: Optional[Dict[str, str]] = None, cpu: CpuModel = CpuModel(),
-            startup: StartupModel = StartupModel(), lifecycle: bool = True) -> Dict[str, float]:
+            startup: StartupModel = StartupModel(), lifecycle: bool = True,
+            link: LinkModel = LinkModel()) -> Dict[str, float]:
     """The figures of one world size (see the module's docstring); ``lifecycle=False`` leaves out start-up and the
     elastic reset."""
     began = time.process_time()
-    job = scenario(size, seed, slots, cores, Workload(steps=steps, tensors=tensors), env=env, cpu=cpu)
+    job = scenario(size, seed, slots, cores, Workload(steps=steps, tensors=tensors), env=env, cpu=cpu, link=link)
     out: Dict[str, float] = {"ranks": size, "mode": job.ranks[0].negotiation.name}
     out.update(_per_cycle(job, 0, steps - 1))
     out.update(_first_step(job))
@@ -64,7 +65,7 @@ def figures(size: int, seed: int, steps: int = 4, tensors: int = 20, slots: int 
     victim = size // 2 + 1 if size > 2 else size - 1
     middle = job.step_submitted.get(steps // 2, 0.0) + out["step_latency_s"] / 2
     lost = scenario(size, seed, slots, cores, Workload(steps=steps, tensors=tensors),
-                    Faults(kill=[(middle, victim)]), env, cpu)
+                    Faults(kill=[(middle, victim)]), env, cpu, link)
     if lost.failed_at and lost.fault_at is not None:
         out["detect_s"] = max(lost.failed_at.values()) - lost.fault_at
         out["survivors_naming"] = sum(1 for r in lost.ranks if r.error is not None and
@@ -72,16 +73,16 @@ def figures(size: int, seed: int, steps: int = 4, tensors: int = 20, slots: int 
     else:
         out["detect_s"], out["survivors_naming"] = float("nan"), 0     # the job ended before the kill
     if lifecycle:
-        out.update(_lifecycle(size, seed, slots, cores, tensors, env, cpu, startup, out["detect_s"]))
+        out.update(_lifecycle(size, seed, slots, cores, tensors, env, cpu, link, startup, out["detect_s"]))
     out["sim_cpu_s"] = time.process_time() - began
     return out
 
 
-def _lifecycle(size, seed, slots, cores, tensors, env, cpu, startup, detect) -> Dict[str, float]:
+def _lifecycle(size, seed, slots, cores, tensors, env, cpu, link, startup, detect) -> Dict[str, float]:
     """Start-up to the first result, and an elastic reset around the lost rank's ``detect``."""
     first = scenario(size, seed, slots, cores, Workload(steps=1, tensors=tensors, compute=0.0, jitter=0.0),
-                     env=env, cpu=cpu, startup=startup)
-    reset = reset_seconds(size, slots, cores, cpu, startup=startup, seed=seed, detect=detect)["reset_s"]
+                     env=env, cpu=cpu, link=link, startup=startup)
+    reset = reset_seconds(size, slots, cores, cpu, link, startup, seed=seed, detect=detect)["reset_s"]
     return {"startup_s": first.step_done[0], "rendezvous_requests": first.rendezvous.requests, "reset_s": reset}
 
 
