@@ -82,7 +82,8 @@ def test_the_map_keeps_no_tensor_or_memory_alive():
     assert not isinstance(view.base, torch.Tensor)
     ref = weakref.ref(t)
     del t
-    gc.collect()
+    if ref() is not None:   # freed at once unless a cycle holds it: a full collection (about 0.4 s with the
+        gc.collect()        # frameworks loaded) only then
     assert ref() is None
 
 
