@@ -9,11 +9,13 @@ import os
 import signal
 import sys
 
+SPAWN_SCOPE = "spawn_ranks"                 # where spawn_ranks publishes the function
+SPAWN_RESULT_SCOPE = "spawn_ranks_result"   # and where each rank's outcome goes
+
 
 def main(argv) -> int:
     from horovod.common.config import load_config
     from horovod.runner.run_task import run_published
-    from horovod.testing.spawn import SPAWN_RESULT_SCOPE, SPAWN_SCOPE
 
     timeout, stack_dir = float(argv[1]), argv[2]
     stack_file = open(os.path.join(stack_dir, f"rank.{load_config().rank}"), "w")

@@ -21,9 +21,8 @@ from horovod.runner.launch import LaunchConfig, launch_local, package_pythonpath
 from horovod.runner.rendezvous import rendezvous_service
 from horovod.runner.supervisor import JobResult
 from horovod.runner.run_task import FUNC_KEY, TaskOutcome
+from horovod.testing._worker import SPAWN_RESULT_SCOPE, SPAWN_SCOPE
 
-SPAWN_SCOPE = "spawn_ranks"
-SPAWN_RESULT_SCOPE = "spawn_ranks_result"
 TIMEOUT_MARK = "Timeout ("  # faulthandler.dump_traceback_later's first line
 _BACKSTOP_SECONDS = 10.0  # after the workers' own watchdogs should have fired
 
