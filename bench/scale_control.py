@@ -11,7 +11,9 @@ For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings
   survivor's stamp less the kill's, and the run records how many survivors named the killed rank.
 
 The 4 B and 20-name figures are the median of a loop of at least ``--seconds``. Each figure of the table is the median
-over repeats. ``python -m horovod.tools.simulate.calibration bench/figures/scale-control.json`` fits the simulation to
+over repeats. Once per run of this script it also measures the rendezvous server alone (``server_request_us`` in the
+JSON's meta): its CPU per request while a client process sends it 400 registrations, the simulation's start-up and
+loss-board cost per request. ``python -m horovod.tools.simulate.calibration bench/figures/scale-control.json`` fits the simulation to
 np 2 and 4 and prints its prediction of every other np beside these measurements (docs/scaling.md). Every run has a
 hard timeout and whatever it started is ended by pid (this process is its descendants' subreaper).
 """
@@ -89,6 +91,28 @@ def _worker(spec) -> None:
         with open(os.path.join(spec["dir"], f"failed-{rank}"), "w") as handle:
             json.dump({"at": stamp, "error": str(exc)}, handle)
     os._exit(1)
+
+
+_CLIENT = """
+import sys
+from horovod.common.rendezvous_client import RendezvousClient
+client = RendezvousClient("127.0.0.1", int(sys.argv[1]), bytes.fromhex(sys.argv[2]))
+for i in range(int(sys.argv[3])):
+    client.put("probe", str(i), b"10.0.0.1:12345 host0 settings - 8")
+"""
+
+
+def server_request_seconds(requests: int = 400) -> float:
+    """The rendezvous server's CPU per request (this process serves; a child process is the client)."""
+    import suite
+    from horovod.common.rendezvous_client import make_secret
+    from horovod.common.rendezvous_server import RendezvousServer
+    secret = make_secret()
+    with RendezvousServer(secret, host="127.0.0.1") as server:
+        began = time.process_time()
+        subprocess.run([sys.executable, "-c", _CLIENT, str(server.port), secret.hex(), str(requests)], check=True,
+                       env=suite._env(), timeout=120)
+        return (time.process_time() - began) / requests
 
 
 def _wait_for(path: str, procs, deadline: float) -> bool:
@@ -190,6 +214,8 @@ def main(argv=None) -> int:
     _become_subreaper()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     meta, runs = _meta(argparse.Namespace(binding="numpy", repeats=args.repeats)), []
+    meta["server_request_us"] = server_request_seconds() * 1e6
+    print(f"rendezvous server: {meta['server_request_us']:.0f} us of CPU per request", file=sys.stderr, flush=True)
     for np_ in [int(n) for n in args.np.split(",")]:
         for repeat in range(args.repeats):
             print(f"[np {np_}] run {repeat + 1}/{args.repeats}: starting", file=sys.stderr, flush=True)

@@ -67,7 +67,7 @@ def _costs(results: str):
         return calibration.Costs()
     with open(results) as handle:
         saved = json.load(handle)
-    costs = calibration.fit(calibration.measured_figures(saved), int(saved["meta"].get("cores") or 2))
+    costs = calibration.fit_saved(saved)
     print(f"calibrated from {results}: {calibration.describe(costs)}", file=sys.stderr, flush=True)
     return costs
 

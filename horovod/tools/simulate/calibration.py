@@ -31,7 +31,7 @@ from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
 __all__ = ["Costs", "allreduce_4b_seconds", "cycle_seconds", "startup_seconds", "detect_seconds", "FIGURES",
-           "fit", "predict", "table", "measured_figures", "describe", "main"]
+           "fit", "fit_saved", "predict", "table", "measured_figures", "describe", "main"]
 
 _WARM = 3                   # steps left out of a loop's time: new names, the first cycles
 
@@ -170,6 +170,17 @@ def table(rows: Sequence[Dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def fit_saved(saved: dict, cores: int = 0, figures: Sequence[str] = tuple(FIGURES)) -> Costs:
+    """The costs fitted to a benchmark's saved JSON (its ``figures``): its np 2 and 4, and the rendezvous server's
+    cost per request where the benchmark measured it alone (``server_request_us``)."""
+    base = Costs()
+    request = saved["meta"].get("server_request_us")
+    if request:
+        base = dataclasses.replace(base, startup=dataclasses.replace(base.startup, request=request * 1e-6))
+    measured = {k: v for k, v in measured_figures(saved).items() if k in figures}
+    return fit(measured, cores or int(saved["meta"].get("cores") or 2), base)
+
+
 def measured_figures(saved: dict) -> Dict[str, Dict[int, float]]:
     """figure -> np -> seconds, from bench/scale_control.py's JSON or bench/scale.py's (its horovod-py medians)."""
     medians = saved["medians"]
@@ -186,7 +197,8 @@ def describe(costs: Costs) -> str:
     """The fitted numbers, in one line."""
     return (f"CPU costs x{costs.cpu.wake / CpuModel().wake:.2f} of the first guesses, failing "
             f"{costs.cpu.fail * 1e6:.0f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, boot "
-            f"{costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s")
+            f"{costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
+            f"{costs.startup.request * 1e6:.0f} us a request")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -204,7 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("the results need np 2 and np 4 (the fit's two points)", file=sys.stderr)
         return 2
     cores = args.cores or int(saved["meta"].get("cores") or 2)
-    costs = fit(measured, cores)
+    costs = fit_saved(saved, cores, list(measured))
     print(f"fitted: {describe(costs)}", file=sys.stderr)
     print(table(predict(measured, cores, costs)))
     return 0

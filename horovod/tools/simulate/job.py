@@ -151,6 +151,7 @@ class Job:
                 state.entries[request.name] = Entry(request, array, None, SimHandle(request.name, rank), 0)
                 state.queue.append(request)
         self._left[rank.rank] = len(self._requests)
+        rank.owed += self.world.cpu.submit * len(self._requests)    # the caller's submissions and waits
         self.step_submitted[step] = self.world.now
         rank.waiters.blocked = 1
         rank.waiters.waited = True

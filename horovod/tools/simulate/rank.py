@@ -181,6 +181,7 @@ class SimRank:
         self.finished = self.dead = False
         self.error: Optional[BaseException] = None
         self.busy = 0.0                 # CPU seconds charged so far
+        self.owed = 0.0                 # the caller's CPU since this rank last ran, charged at its next run
         self._clock = 0.0
         self._waiting: Optional[Set[int]] = None
         self._answered = False          # the rendezvous server (or the tree parent) answered
@@ -277,6 +278,8 @@ class SimRank:
         self._clock = at
         if at - self._wait_began > self._spin:      # (slept, not spun)
             self.charge(self.world.cpu.wake)
+        self.charge(self.owed)
+        self.owed = 0.0
         self._greenlet.switch()
 
     def _main(self) -> None:

@@ -33,6 +33,7 @@ class CpuModel:
     cycle: float = 30e-6         # one cycle's bookkeeping (the engine's step, the response cache)
     name: float = 1e-6           # per name a cycle decides (the coordinator, execution's bookkeeping)
     fail: float = 300e-6         # failing: the error raised through the engine, every handle failed, the hang-up
+    submit: float = 0.0          # the caller's per request: submitting it (checks, a handle) and waiting for it
 
 
 @dataclass(frozen=True)
