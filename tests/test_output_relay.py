@@ -153,6 +153,33 @@ def test_a_host_channel_relays_pieces_not_whole_lines():
     assert mux.MAX_CHUNK == 65536
 
 
+@pytest.mark.unit
+def test_releasing_a_hosts_workers_again_closes_its_channel_once(monkeypatch):
+    # The supervisor releases each worker when it reaps and again when it closes: at 16 hosts x 8 a timer per
+    # repeated release put 128 more threads in horovodrun for five seconds.
+    from horovod.runner.backends import host_channel
+    timers = []
+
+    class CountedTimer(host_channel.threading.Timer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            timers.append(self)
+    monkeypatch.setattr(host_channel.threading, "Timer", CountedTimer)
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(30)"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        channel = host_channel.HostChannel(proc, [0, 1, 2])
+        for _ in range(3):
+            for rank in (0, 1, 2):
+                channel.release(rank)
+        assert proc.stdin.closed and len(timers) == 1
+    finally:
+        for timer in timers:
+            timer.cancel()
+        proc.kill()
+        proc.wait()
+
+
 NO_NEWLINE = textwrap.dedent("""
     import os, sys, time
     chunk = b"x" * (1 << 20)

@@ -153,8 +153,11 @@ class HostChannel:
         """Once every worker of the host is released, the channel closes (the remote end stops what is left, then
         exits) and the ssh client is killed if it still runs :data:`CLOSE_SECONDS` later (a host cut off)."""
         with self._lock:
+            # Releasing is idempotent: the supervisor releases a worker when it reaps and again when it closes, and
+            # only the first release that completes the host closes the channel (one timer per host, not per call).
+            first = rank not in self._released
             self._released.add(rank)
-            last = len(self._released) == len(self.ranks)
+            last = first and len(self._released) == len(self.ranks)
         if last:
             with self._write_lock:
                 try:
