@@ -10,7 +10,7 @@ For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings
   ``np // 2 + 1`` (the last at np 2) and each survivor stamps when its allreduce raised; the figure is the last
   survivor's stamp less the kill's, and the run records how many survivors named the killed rank.
 
-The 4 B and 20-name figures are the median of a loop of at least ``--seconds``. Each figure of the table is the median
+The 4 B and 20-name figures are the median of a loop of about ``--seconds`` after a warm-up of half as long. Each figure of the table is the median
 over repeats. Once per run of this script it also measures the rendezvous server alone (``server_request_us`` in the
 JSON's meta): its CPU per request while a client process sends it 400 registrations, the simulation's start-up and
 loss-board cost per request. ``python -m horovod.tools.simulate.calibration bench/figures/scale-control.json`` fits the simulation to
@@ -41,9 +41,13 @@ FIGURES = ("first_s", "ar4_us", "cycle20_us", "detect_ms")
 
 
 def _timed(run, seconds: float, agree, slowest) -> float:
-    """The slowest rank's median time of ``run`` over a loop of about ``seconds`` (two warm-ups first)."""
+    """The slowest rank's median time of ``run`` over a loop of about ``seconds``, after a warm-up of half as long
+    (at 64 ranks and more the first half second after start-up runs up to twice as slow as the steady state)."""
     import numpy as np
-    for _ in range(2):
+    began = time.perf_counter()
+    run()
+    one = max(time.perf_counter() - began, 1e-7)
+    for _ in range(agree(int(min(1000, max(5, seconds / 2 / one))))):
         run()
     began = time.perf_counter()
     run()
@@ -88,8 +92,10 @@ def _worker(spec) -> None:
             hvd.allreduce_(one, op=hvd.Average, name="ar4")
     except HorovodInternalError as exc:
         stamp = time.time()
-        with open(os.path.join(spec["dir"], f"failed-{rank}"), "w") as handle:
+        path = os.path.join(spec["dir"], f"failed-{rank}")
+        with open(path + ".part", "w") as handle:
             json.dump({"at": stamp, "error": str(exc)}, handle)
+        os.rename(path + ".part", path)     # whole when it appears: this script reads it the moment it does
     os._exit(1)
 
 
@@ -145,7 +151,7 @@ def run_one(np_: int, args) -> dict:
                 _end_all(procs)
         if "error" in figures:
             with open(log_path) as log:
-                figures["log_tail"] = log.read()[-2000:]
+                figures["log_tail"] = log.read()[-6000:]
     return figures
 
 
@@ -164,18 +170,20 @@ def _kill_and_watch(np_: int, victim: int, tmp: str, procs, deadline: float) -> 
     for rank in survivors:
         if not _wait_for(os.path.join(tmp, f"failed-{rank}"), procs, deadline):
             break
-    stamps, naming = [], 0
+    stamps, naming, missing = [], 0, []
     for rank in survivors:
         try:
             with open(os.path.join(tmp, f"failed-{rank}")) as handle:
                 record = json.load(handle)
         except (OSError, ValueError):
+            missing.append(rank)
             continue
         stamps.append(record["at"])
         naming += f"rank {victim} " in record["error"]
     figures.update(survivors_failed=len(stamps), survivors_naming=naming, victim=victim)
     if len(stamps) < len(survivors):
-        figures["error"] = f"{len(survivors) - len(stamps)} survivors never raised"
+        figures["error"] = (f"survivors {missing} never raised ({time.time() - killed:.1f} s after the kill, the "
+                            f"launcher {'running' if procs[0].poll() is None else 'ended'})")
     else:
         figures["detect_ms"] = (max(stamps) - killed) * 1e3
     return figures
@@ -206,7 +214,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--np", default="2,4,8,16,32,64,128", help="world sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=0.5, help="timed seconds per loop")
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per loop (and half that to warm up)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per run, plus 8 per rank")
     parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-control.json"))
     args = parser.parse_args(argv)

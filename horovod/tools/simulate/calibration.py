@@ -4,12 +4,13 @@
 
 From ``bench/scale_control.py``'s JSON (n ranks on one host of ``cores`` cores: start-up to the first result, a loop
 of blocking 4 B allreduces, a loop of cached 20-name cycles, the time until the last survivor of a killed rank
-raised) it fits five numbers to np 2 and np 4 only, each from the figure it governs:
+raised) it fits six numbers to np 2 and np 4 only, each from the figure it governs:
 
 - the CPU model's scale, from np 4's 4 B allreduce (CPU-bound: four ranks on two cores), and the loopback latency,
   from np 2's (latency-bound: a core each), in turn until both settle;
 - a rank's boot (the interpreter and imports, on a shared core) from np 4's start-up less np 2's, and the
   launcher's own start from np 2's;
+- the caller's CPU per request (submitting it and waiting for it), from np 2's cached cycle of 20 names;
 - what failing costs a rank (the error raised through the engine, every handle failed, the hang-up), from np 4's
   detection time.
 
@@ -105,17 +106,7 @@ def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
 
 def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()) -> Costs:
     """The costs fitted to np 2 and 4 of ``measured`` (figure -> np -> seconds); figures it lacks keep ``base``'s."""
-    costs, ar4 = base, measured.get("ar4_us", {})
-    if 2 in ar4 and 4 in ar4:
-        factor = 1.0
-        for _ in range(3):      # each moves the other a little (np 2 costs some CPU, np 4 some latency)
-            cpu = _scaled(base.cpu, factor)
-            local = _solve(lambda x: allreduce_4b_seconds(2, cores, dataclasses.replace(
-                costs, cpu=cpu, link=dataclasses.replace(costs.link, local_latency=x))), ar4[2], 1e-7, 1e-2)
-            costs = dataclasses.replace(costs, link=dataclasses.replace(costs.link, local_latency=local))
-            factor = _solve(lambda x: allreduce_4b_seconds(4, cores, dataclasses.replace(
-                costs, cpu=_scaled(base.cpu, x))), ar4[4], 1e-3, 1e3)
-        costs = dataclasses.replace(costs, cpu=_scaled(base.cpu, factor))
+    costs = _fit_loops(measured, cores, base)
     first = measured.get("first_s", {})
     if 2 in first and 4 in first:
         for _ in range(3):      # boot from the difference (two more ranks share the cores), the launch from np 2
@@ -126,10 +117,34 @@ def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()
             costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, boot=boot, launch=launch))
     detect = measured.get("detect_ms", {})
     if 4 in detect:
-        fail = _solve(lambda x: detect_seconds(4, cores, dataclasses.replace(
-            costs, cpu=dataclasses.replace(costs.cpu, fail=x))), detect[4], 1e-6, 1.0)
-        costs = dataclasses.replace(costs, cpu=dataclasses.replace(costs.cpu, fail=fail))
+        fail = _solve(lambda x: detect_seconds(4, cores, _with_cpu(costs, fail=x)), detect[4], 1e-6, 1.0)
+        costs = _with_cpu(costs, fail=fail)
     return costs
+
+
+def _fit_loops(measured: Dict[str, Dict[int, float]], cores: int, costs: Costs) -> Costs:
+    """The loopback latency (np 2's 4 B), the CPU costs' scale (np 4's 4 B) and the caller's cost per request (np 2's
+    cycle of 20 names), each fitted in turn three times: each moves the others a little."""
+    ar4, cycle = measured.get("ar4_us", {}), measured.get("cycle20_us", {})
+    if not (2 in ar4 and 4 in ar4):
+        return costs
+    base, factor, submit = costs.cpu, 1.0, costs.cpu.submit
+    for _ in range(3):
+        cpu = dataclasses.replace(_scaled(base, factor), submit=submit)
+        local = _solve(lambda x: allreduce_4b_seconds(2, cores, dataclasses.replace(
+            costs, cpu=cpu, link=dataclasses.replace(costs.link, local_latency=x))), ar4[2], 1e-7, 1e-2)
+        costs = dataclasses.replace(costs, link=dataclasses.replace(costs.link, local_latency=local))
+        factor = _solve(lambda x: allreduce_4b_seconds(4, cores, dataclasses.replace(
+            costs, cpu=dataclasses.replace(_scaled(base, x), submit=submit))), ar4[4], 1e-3, 1e3)
+        costs = dataclasses.replace(costs, cpu=dataclasses.replace(_scaled(base, factor), submit=submit))
+        if 2 in cycle:
+            submit = _solve(lambda x: cycle_seconds(2, cores, _with_cpu(costs, submit=x)), cycle[2], 1e-8, 1e-3)
+            costs = _with_cpu(costs, submit=submit)
+    return costs
+
+
+def _with_cpu(costs: Costs, **changes) -> Costs:
+    return dataclasses.replace(costs, cpu=dataclasses.replace(costs.cpu, **changes))
 
 
 def _with_startup(figure, size: int, cores: int, costs: Costs, **changes) -> float:
@@ -196,7 +211,7 @@ def measured_figures(saved: dict) -> Dict[str, Dict[int, float]]:
 def describe(costs: Costs) -> str:
     """The fitted numbers, in one line."""
     return (f"CPU costs x{costs.cpu.wake / CpuModel().wake:.2f} of the first guesses, failing "
-            f"{costs.cpu.fail * 1e6:.0f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, boot "
+            f"{costs.cpu.fail * 1e6:.0f} us, a request {costs.cpu.submit * 1e6:.1f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, boot "
             f"{costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
             f"{costs.startup.request * 1e6:.0f} us a request")
 
