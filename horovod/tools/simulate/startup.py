@@ -66,8 +66,9 @@ class Rendezvous:
         return link.local_latency if rank.world.host_of(rank.rank) == 0 else link.remote_latency
 
     def register(self, rank, sent: float) -> None:
-        """``rank`` registers its record and asks for everyone's (two requests, sent at its ``sent``); it is
-        answered (:meth:`SimRank.answered`) once every rank has registered."""
+        """``rank`` registers its record, sent at its ``sent``, and (up to the direct limit, or as rank 0) asks for
+        everyone's in a second request, answered (:meth:`SimRank.answered`) once every rank has registered; past the
+        limit the other ranks are answered by their tree parent (:meth:`hand_down`)."""
         latency = self._latency(rank)
         asks = not self.by_tree or rank.rank == 0
         self.free = max(self.free, sent + latency) + (1 + asks) * self.model.request
