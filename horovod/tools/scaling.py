@@ -51,8 +51,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from horovod.core.bootstrap import DIRECT_RECORDS_MAX_RANKS
 from horovod.core.negotiation import PEER_NEGOTIATION_MAX_RANKS, STAR_NEGOTIATION_MAX_RANKS
 from horovod.core.negotiation.tree import ARITY
+from horovod.tools.simulate.startup import StartupModel as SimStartup
 
 __all__ = ["LinkModel", "ControlModel", "StartupTerm", "Workload", "startup_seconds", "PUBLISHED", "allreduce_seconds", "cycle_seconds",
            "step_seconds", "fit", "predict_table", "published_table", "check", "main"]
@@ -96,25 +98,21 @@ class ControlModel:
 
 @dataclasses.dataclass(frozen=True)
 class StartupTerm:
-    """Start-up's constants (see the module docstring), by default the simulation's."""
+    """Start-up's constants (see the module docstring), by default the simulation's start-up model's."""
 
-    launch_s: float = 0.15          # the launcher's own start
-    remote_s: float = 0.3           # reaching the other hosts (in parallel)
-    spawn_s: float = 0.004          # between two ranks a host starts
-    boot_s: float = 0.2             # a rank's CPU until init
-    request_s: float = 150e-6       # the rendezvous server's CPU per request
-    answer_byte_s: float = 1e-9     # per byte of records the server writes, or a rank relays
-    record_bytes: int = 120         # one rank's record
-    direct_max: int = 16            # the largest job whose every rank asks the server for every record
+    launch_s: float = SimStartup.launch             # the launcher's own start
+    remote_s: float = SimStartup.remote             # reaching the other hosts (in parallel)
+    spawn_s: float = SimStartup.spawn               # between two ranks a host starts
+    boot_s: float = SimStartup.boot                 # a rank's CPU until init
+    request_s: float = SimStartup.request           # the rendezvous server's CPU per request
+    answer_byte_s: float = 1.0 / SimStartup.serve_bandwidth    # per byte of records written or relayed
+    record_bytes: int = SimStartup.record           # one rank's record
+    direct_max: int = DIRECT_RECORDS_MAX_RANKS      # the largest job whose every rank asks the server for the records
 
     @classmethod
     def simulated(cls) -> "StartupTerm":
-        """The simulation's start-up model's constants (:mod:`horovod.tools.simulate.startup`)."""
-        from horovod.core.bootstrap import DIRECT_RECORDS_MAX_RANKS
-        from horovod.tools.simulate.startup import StartupModel
-        m = StartupModel()
-        return cls(m.launch, m.remote, m.spawn, m.boot, m.request, 1.0 / m.serve_bandwidth, m.record,
-                   DIRECT_RECORDS_MAX_RANKS)
+        """The simulation's start-up constants (:mod:`horovod.tools.simulate.startup`): the defaults."""
+        return cls()
 
 
 def startup_seconds(term: StartupTerm, control: ControlModel, workers: int, per_host: int = 1,

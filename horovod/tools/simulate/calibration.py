@@ -26,7 +26,7 @@ import json
 import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
-from horovod.tools.simulate.job import Workload
+from horovod.tools.simulate.job import Workload, victim_of
 from horovod.tools.simulate.report import scenario
 from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
@@ -73,12 +73,12 @@ def startup_seconds(size: int, cores: int, costs: Costs) -> float:
 def detect_seconds(size: int, cores: int, costs: Costs) -> float:
     """Simulated time from killing rank ``size // 2 + 1`` (the last at 2) in a loop of blocking 4 B allreduces until
     the last survivor raised."""
-    victim = size // 2 + 1 if size > 2 else size - 1
+    victim = victim_of(size)
     loop = allreduce_4b_seconds(size, cores, costs)
     faults = Faults(kill=[(loop * 6.5, victim)])
     job = scenario(size, seed=1, slots=size, cores=cores, cpu=costs.cpu, link=costs.link, faults=faults,
                    workload=Workload(steps=1000, tensors=1, compute=0.0, jitter=0.0, mixed=False))
-    return max(job.failed_at.values()) - job.fault_at
+    return job.detection_seconds()
 
 
 FIGURES: Dict[str, Callable[[int, int, Costs], float]] = {

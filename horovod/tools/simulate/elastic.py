@@ -22,7 +22,7 @@ import dataclasses
 import math
 from typing import Dict, Optional
 
-from horovod.tools.simulate.job import Workload, scenario
+from horovod.tools.simulate.job import Workload, scenario, victim_of
 from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
@@ -37,10 +37,9 @@ def reset_seconds(size: int, slots: int = 8, cores: int = 8, cpu: CpuModel = Cpu
     if detect is None:
         workload = Workload(steps=6, tensors=20)
         whole = scenario(size, seed, slots, cores, workload, cpu=cpu, link=link)
-        victim = size // 2 + 1 if size > 2 else size - 1
         middle = whole.step_submitted[3] + (whole.step_done[3] - whole.step_submitted[3]) / 2
-        lost = scenario(size, seed, slots, cores, workload, Faults(kill=[(middle, victim)]), cpu=cpu, link=link)
-        detect = max(lost.failed_at.values()) - lost.fault_at
+        detect = scenario(size, seed, slots, cores, workload, Faults(kill=[(middle, victim_of(size))]), cpu=cpu,
+                          link=link).detection_seconds()
     survivors = size - 1
     # Every survivor asks at about once; the driver answers when the last one asked.
     remote = link.remote_latency if survivors > slots else link.local_latency

@@ -25,7 +25,7 @@ from horovod.tools.simulate.rank import SimHandle, SimRank, greenlet
 from horovod.tools.simulate.startup import Rendezvous, StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel, World
 
-__all__ = ["InvariantViolation", "Workload", "Job", "scenario"]
+__all__ = ["InvariantViolation", "Workload", "Job", "scenario", "victim_of"]
 
 
 class InvariantViolation(AssertionError):
@@ -208,6 +208,12 @@ class Job:
                     delay = self.world.detection_delay(peer, rank.rank, process_only=False)
                     self.world.at(self.world.now + delay, lambda r=rank, p=peer: r.connection_closed(p, p))
 
+    def detection_seconds(self) -> float:
+        """From the first fault to the last survivor's failure (NaN when no rank failed: the job ended first)."""
+        if not self.failed_at or self.fault_at is None:
+            return float("nan")
+        return max(self.failed_at.values()) - self.fault_at
+
     def failed_alone(self) -> List[int]:
         """Ranks that completed the job while others failed before the job's last cycle was decided."""
         if self.first_failure is None or self.first_failure_cycle is None:
@@ -270,3 +276,9 @@ def scenario(size: int, seed: int, slots: int = 8, cores: int = 8, workload: Opt
     from the launch (:mod:`~horovod.tools.simulate.startup`)."""
     world = World(size, slots, cores, seed, cpu, link, faults)
     return Job(world, workload or Workload(), env, break_order, startup).run()
+
+
+def victim_of(size: int) -> int:
+    """The rank the lost-rank scenarios kill (and ``bench/scale_control.py``): an interior rank past the middle, the
+    last at 2 ranks."""
+    return size // 2 + 1 if size > 2 else size - 1

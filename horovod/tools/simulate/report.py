@@ -17,7 +17,7 @@ import time
 from typing import Dict, List, Optional
 
 from horovod.tools.simulate.elastic import reset_seconds
-from horovod.tools.simulate.job import Job, Workload, scenario
+from horovod.tools.simulate.job import Job, Workload, scenario, victim_of
 from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
@@ -62,16 +62,13 @@ def figures(size: int, seed: int, steps: int = 4, tensors: int = 20, slots: int 
     cached = [job.step_done[s] - job.step_submitted[s] for s in range(1, steps)]
     out["step_latency_s"] = sum(cached) / len(cached) if cached else 0.0
     out["cycles_per_step"] = (max(r.cycles for r in job.ranks) - 1) / steps     # (the shutdown's cycle aside)
-    victim = size // 2 + 1 if size > 2 else size - 1
+    victim = victim_of(size)
     middle = job.step_submitted.get(steps // 2, 0.0) + out["step_latency_s"] / 2
     lost = scenario(size, seed, slots, cores, Workload(steps=steps, tensors=tensors),
                     Faults(kill=[(middle, victim)]), env, cpu, link)
-    if lost.failed_at and lost.fault_at is not None:
-        out["detect_s"] = max(lost.failed_at.values()) - lost.fault_at
-        out["survivors_naming"] = sum(1 for r in lost.ranks if r.error is not None and
-                                      f"rank {victim} was lost" in str(r.error))
-    else:
-        out["detect_s"], out["survivors_naming"] = float("nan"), 0     # the job ended before the kill
+    out["detect_s"] = lost.detection_seconds()          # (NaN: the job ended before the kill)
+    out["survivors_naming"] = sum(1 for r in lost.ranks if r.error is not None and
+                                  f"rank {victim} was lost" in str(r.error))
     if lifecycle:
         out.update(_lifecycle(size, seed, slots, cores, tensors, env, cpu, link, startup, out["detect_s"]))
     out["sim_cpu_s"] = time.process_time() - began
