@@ -134,3 +134,26 @@ def test_an_elastic_reset_adds_the_drivers_round_and_a_new_mesh_to_the_lost_rank
     assert phases["detect_s"] > 0 and phases["round_s"] > 0 and phases["mesh_first_s"] > 0
     assert phases["broadcast_s"] > (1 << 20) / 1.25e9
     assert phases["reset_s"] == pytest.approx(sum(v for k, v in phases.items() if k != "reset_s"))
+
+
+@pytest.mark.unit
+def test_a_wake_up_refills_the_caches_by_the_machines_curve_for_the_processes_that_ran_since():
+    from horovod.tools.simulate.world import CpuModel, Host
+    curve = ((0.5, 0.0), (1.5, 0.2), (7.5, 0.6), (63.5, 3.0))
+    cpu = CpuModel(cold=100e-6, sharing=curve)
+    assert cpu.refill(0) == 0.0 and CpuModel().refill(10) == 0.0          # nothing ran since; no curve
+    assert cpu.refill(1.5) == pytest.approx(20e-6) and cpu.refill(100) == pytest.approx(300e-6)
+    assert 20e-6 < cpu.refill(3.0) < 60e-6                                 # between points, in log of the count
+    # A host counts the distinct other ranks that started a run since a rank's last one (not their runs).
+    host = Host(0, cores=2)
+    assert [host.others_since(r) for r in (0, 1, 2, 1, 1, 0)] == [0, 1, 2, 1, 0, 2]
+    # The refill is the machine's: the fit scales the costs it sets and leaves it alone.
+    from horovod.tools.simulate.calibration import _scaled
+    scaled = _scaled(cpu, 2.0)
+    assert scaled.wake == 2 * cpu.wake and scaled.frame == 2 * cpu.frame
+    assert (scaled.cold, scaled.sharing) == (cpu.cold, cpu.sharing)
+    # Sixteen ranks on two cores pay it; two ranks with a core each (half a process per core ran since) pay nothing.
+    from horovod.tools.simulate.calibration import Costs, allreduce_4b_seconds
+    cold, warm = Costs(cpu=cpu), Costs()
+    assert allreduce_4b_seconds(16, 2, cold) > allreduce_4b_seconds(16, 2, warm) * 1.2
+    assert allreduce_4b_seconds(2, 2, cold) == pytest.approx(allreduce_4b_seconds(2, 2, warm), rel=1e-9)

@@ -1,18 +1,23 @@
 """The simulation against the benchmark: fit its costs to the small jobs, then predict the larger ones side by side.
 
     python -m horovod.tools.simulate.calibration bench/figures/scale-control.json [--cores 2]
+        [--sharing bench/figures/core-sharing.json]
 
 From ``bench/scale_control.py``'s JSON (n ranks on one host of ``cores`` cores: start-up to the first result, a loop
 of blocking 4 B allreduces, a loop of cached 20-name cycles, the time until the last survivor of a killed rank
-raised) it fits six numbers to np 2 and np 4 only, each from the figure it governs:
+raised) it fits seven numbers to np 2 and np 4 only, each from the figure it governs:
 
 - the CPU model's scale, from np 4's 4 B allreduce (CPU-bound: four ranks on two cores), and the loopback latency,
   from np 2's (latency-bound: a core each), in turn until both settle;
 - a rank's boot (the interpreter and imports, on a shared core) from np 4's start-up less np 2's, and the
   launcher's own start from np 2's;
 - the caller's CPU per request (submitting it and waiting for it), from np 2's cached cycle of 20 names;
-- what failing costs a rank (the error raised through the engine, every handle failed, the hang-up), from np 4's
-  detection time.
+- how long a killed process's sockets take to close (the kernel ends the process), from np 2's detection time, and
+  what failing costs a rank (the error raised through the engine, every handle failed, the hang-up), from np 4's,
+  in turn until both settle.
+
+With ``--sharing`` (``bench/core_sharing.py``'s JSON, measured on the same machine) a wake-up also refills the
+caches that the processes which ran since took: the machine's curve, and a rank's full refill measured at np 4.
 
 It then simulates every measured np with those costs and prints the four figures predicted beside the measured ones,
 with the error. ``bench/scale.py``'s JSON works too (start-up and the 4 B allreduce only).
@@ -101,7 +106,9 @@ def _solve(measure: Callable[[float], float], target: float, low: float, high: f
 
 
 def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
-    return CpuModel(**{f.name: getattr(cpu, f.name) * factor for f in dataclasses.fields(CpuModel)})
+    # The refill is measured on its own (bench/core_sharing.py), not scaled with the costs the fit sets.
+    return dataclasses.replace(cpu, **{f.name: getattr(cpu, f.name) * factor for f in dataclasses.fields(CpuModel)
+                                       if f.name not in ("cold", "sharing")})
 
 
 def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()) -> Costs:
@@ -117,8 +124,12 @@ def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()
             costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, boot=boot, launch=launch))
     detect = measured.get("detect_ms", {})
     if 4 in detect:
-        fail = _solve(lambda x: detect_seconds(4, cores, _with_cpu(costs, fail=x)), detect[4], 1e-6, 1.0)
-        costs = _with_cpu(costs, fail=fail)
+        for _ in range(3 if 2 in detect else 1):    # the kernel's hang-up from np 2, failing's CPU from np 4
+            if 2 in detect:
+                hangup = _solve(lambda x: detect_seconds(2, cores, _with_link(costs, hangup=x)), detect[2], 1e-6, 1.0)
+                costs = _with_link(costs, hangup=hangup)
+            fail = _solve(lambda x: detect_seconds(4, cores, _with_cpu(costs, fail=x)), detect[4], 1e-6, 1.0)
+            costs = _with_cpu(costs, fail=fail)
     return costs
 
 
@@ -141,6 +152,10 @@ def _fit_loops(measured: Dict[str, Dict[int, float]], cores: int, costs: Costs) 
             submit = _solve(lambda x: cycle_seconds(2, cores, _with_cpu(costs, submit=x)), cycle[2], 1e-8, 1e-3)
             costs = _with_cpu(costs, submit=submit)
     return costs
+
+
+def _with_link(costs: Costs, **changes) -> Costs:
+    return dataclasses.replace(costs, link=dataclasses.replace(costs.link, **changes))
 
 
 def _with_cpu(costs: Costs, **changes) -> Costs:
@@ -185,13 +200,18 @@ def table(rows: Sequence[Dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def fit_saved(saved: dict, cores: int = 0, figures: Sequence[str] = tuple(FIGURES)) -> Costs:
+def fit_saved(saved: dict, cores: int = 0, figures: Sequence[str] = tuple(FIGURES),
+              sharing: Optional[dict] = None) -> Costs:
     """The costs fitted to a benchmark's saved JSON (its ``figures``): its np 2 and 4, and the rendezvous server's
-    cost per request where the benchmark measured it alone (``server_request_us``)."""
+    cost per request where the benchmark measured it alone (``server_request_us``); with ``sharing``
+    (bench/core_sharing.py's JSON) wake-ups refill the caches as that machine's curve says."""
     base = Costs()
     request = saved["meta"].get("server_request_us")
     if request:
         base = dataclasses.replace(base, startup=dataclasses.replace(base.startup, request=request * 1e-6))
+    if sharing:
+        base = _with_cpu(base, cold=sharing["rank_cold_us"] * 1e-6,
+                         sharing=tuple((float(x), float(y)) for x, y in sharing["sharing"]))
     measured = {k: v for k, v in measured_figures(saved).items() if k in figures}
     return fit(measured, cores or int(saved["meta"].get("cores") or 2), base)
 
@@ -211,9 +231,10 @@ def measured_figures(saved: dict) -> Dict[str, Dict[int, float]]:
 def describe(costs: Costs) -> str:
     """The fitted numbers, in one line."""
     return (f"CPU costs x{costs.cpu.wake / CpuModel().wake:.2f} of the first guesses, failing "
-            f"{costs.cpu.fail * 1e6:.0f} us, a request {costs.cpu.submit * 1e6:.1f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, boot "
+            f"{costs.cpu.fail * 1e6:.0f} us, a killed process's hang-up {costs.link.hangup * 1e3:.2f} ms, a request {costs.cpu.submit * 1e6:.1f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, boot "
             f"{costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
-            f"{costs.startup.request * 1e6:.0f} us a request")
+            f"{costs.startup.request * 1e6:.0f} us a request"
+            + (f", a cold op {costs.cpu.cold * 1e6:.0f} us" if costs.cpu.cold and costs.cpu.sharing else ""))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -222,16 +243,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("results", help="bench/scale_control.py's (or bench/scale.py's) JSON")
     parser.add_argument("--cores", type=int, default=0, help="the benchmark machine's cores (default: its record)")
     parser.add_argument("--figures", default=",".join(FIGURES), help="which figures, comma-separated")
+    parser.add_argument("--sharing", help="bench/core_sharing.py's JSON: wake-ups refill the caches as more "
+                                          "processes share the cores (measured on the same machine)")
     args = parser.parse_args(argv)
     with open(args.results) as handle:
         saved = json.load(handle)
+    sharing = None
+    if args.sharing:
+        with open(args.sharing) as handle:
+            sharing = json.load(handle)
     wanted = set(args.figures.split(","))
     measured = {k: v for k, v in measured_figures(saved).items() if k in wanted}
     if not any(2 in v and 4 in v for v in measured.values()):
         print("the results need np 2 and np 4 (the fit's two points)", file=sys.stderr)
         return 2
     cores = args.cores or int(saved["meta"].get("cores") or 2)
-    costs = fit_saved(saved, cores, list(measured))
+    costs = fit_saved(saved, cores, list(measured), sharing)
     print(f"fitted: {describe(costs)}", file=sys.stderr)
     print(table(predict(measured, cores, costs)))
     return 0

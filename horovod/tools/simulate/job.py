@@ -113,6 +113,7 @@ class Job:
             return None
         host.free[core] = float("inf")
         self._cores[rank.rank] = (host.index, core)
+        rank.others_ran = host.others_since(rank.rank) / len(host.free)
         return start
 
     def run_ended(self, rank: SimRank, clock: float) -> None:
@@ -193,7 +194,7 @@ class Job:
         self.killed.append(index)
         self.fault_at = self.world.now if self.fault_at is None else self.fault_at
         for peer in sorted(rank.transport.peers | self._listeners_of(index)):
-            delay = self.world.detection_delay(index, peer, process_only=True)
+            delay = self.world.link.hangup + self.world.detection_delay(index, peer, process_only=True)
             self.world.at(self.world.now + delay, lambda p=peer: self.ranks[p].connection_closed(index, index))
 
     def _listeners_of(self, index: int):

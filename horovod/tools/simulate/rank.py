@@ -182,6 +182,7 @@ class SimRank:
         self.error: Optional[BaseException] = None
         self.busy = 0.0                 # CPU seconds charged so far
         self.owed = 0.0                 # the caller's CPU since this rank last ran, charged at its next run
+        self.others_ran = 0.0           # distinct other ranks of its host that ran before this run, per core
         self._clock = 0.0
         self._waiting: Optional[Set[int]] = None
         self._answered = False          # the rendezvous server (or the tree parent) answered
@@ -277,7 +278,7 @@ class SimRank:
             return          # its core is busy: the job resumes it when the core frees
         self._clock = at
         if at - self._wait_began > self._spin:      # (slept, not spun)
-            self.charge(self.world.cpu.wake)
+            self.charge(self.world.cpu.wake + self.world.cpu.refill(self.others_ran))
         self.charge(self.owed)
         self.owed = 0.0
         self._greenlet.switch()

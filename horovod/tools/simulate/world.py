@@ -3,7 +3,9 @@ faults a seed draws. Every rank runs in a greenlet (a coroutine, not an OS threa
 it waits for arrives; nothing here reads the wall clock or the OS's randomness, so a seed replays exactly.
 
 A rank's run (from one resume to its next wait) takes a core of its host for the CPU the model charges it: a
-wake-up, plus a cost per frame and per byte it reads or writes. A frame leaves when its sender's clock says it was
+wake-up, plus a cost per frame and per byte it reads or writes. A wake-up after other processes of its host ran
+also refills the caches they took: ``CpuModel.cold`` (a rank's op with its caches emptied) times the share of a
+full refill that the machine's curve (``CpuModel.sharing``) gives for that many distinct other processes per core. A frame leaves when its sender's clock says it was
 sent and arrives a link's latency and its bytes' transfer time later, plus whatever delay a fault adds. Delays make
 frames of different connections overtake each other. The network may also duplicate a frame or let a later one of
 the same connection overtake it (faults of the packets below TCP); the simulated connection numbers its frames and
@@ -13,8 +15,10 @@ such faults cost time, never a frame read twice or out of order.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -34,6 +38,25 @@ class CpuModel:
     name: float = 1e-6           # per name a cycle decides (the coordinator, execution's bookkeeping)
     fail: float = 300e-6         # failing: the error raised through the engine, every handle failed, the hang-up
     submit: float = 0.0          # the caller's per request: submitting it (checks, a handle) and waiting for it
+    cold: float = 0.0            # a wake-up whose caches were emptied: refilling what a rank's op touches
+    # The machine's curve: (distinct other processes of the host that ran since a process last ran, per core; the
+    # share of a full refill its wake-up then pays), from bench/core_sharing.py; empty: caches never go cold.
+    sharing: Tuple[Tuple[float, float], ...] = ()
+
+    def refill(self, others: float) -> float:
+        """The CPU a wake-up pays to refill the caches after ``others`` distinct processes per core ran since
+        (log-interpolated between the curve's points; its last share past them)."""
+        if not self.cold or not self.sharing or others <= 0:
+            return 0.0
+        points = self.sharing
+        if others >= points[-1][0]:
+            return self.cold * points[-1][1]
+        if others <= points[0][0]:
+            return self.cold * points[0][1] * others / points[0][0]
+        at = bisect.bisect_right([x for x, _ in points], others)
+        (x0, y0), (x1, y1) = points[at - 1], points[at]
+        t = math.log(others / x0) / math.log(x1 / x0)
+        return self.cold * (y0 + t * (y1 - y0))
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,7 @@ class LinkModel:
     remote_latency: float = 50e-6
     remote_bandwidth: float = 1.25e9
     detect: float = 10.0                # seconds until a dead host's peers give up on it (keepalive)
+    hangup: float = 0.0                 # until a killed process's sockets close (the kernel ends the process)
 
 
 @dataclass
@@ -66,6 +90,18 @@ class Host:
     def __init__(self, index: int, cores: int):
         self.index = index
         self.free = [0.0] * cores
+        self._runs = 0
+        self._last_run: Dict[int, int] = {}       # rank -> the number of the run it last started
+
+    def others_since(self, rank: int) -> int:
+        """Start a run of ``rank``: how many distinct other ranks of this host started a run since its last one
+        (all of them before its first)."""
+        mine = self._last_run.get(rank, -1)
+        others = sum(1 for r, run in self._last_run.items() if run > mine and r != rank) if mine >= 0 \
+            else len(self._last_run)
+        self._runs += 1
+        self._last_run[rank] = self._runs
+        return others
 
     def start(self, at: float) -> Tuple[int, float]:
         """The core that frees first, and when a run asked for at ``at`` can start on it."""
