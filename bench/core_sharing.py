@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 TOKENS = 2
 
 _CHILD = r'''
@@ -137,6 +137,9 @@ def main(argv=None) -> int:
     parser.add_argument("--evict", type=int, default=16, help="MiB written before each wake-up to empty the caches")
     parser.add_argument("--json", default=os.path.join(HERE, "figures", "core-sharing.json"))
     args = parser.parse_args(argv)
+    from scale import _meta       # the machine, versions, commit and load, as the other scale benchmarks record them
+    meta = {**_meta(argparse.Namespace(binding="numpy", repeats=args.repeats)), "tokens": TOKENS,
+            "seconds": args.seconds, "evict_mib": args.evict}
     cores = os.cpu_count() or 1
     sizes = sorted({2, *(int(n) for n in args.np.split(","))})
     runs: dict = {n: [] for n in sizes}
@@ -157,9 +160,6 @@ def main(argv=None) -> int:
     sharing = [[(n - 1) / cores, max(0.0, (per_wake[n] - per_wake[2]) / full)] for n in sizes]
     for (others, share), n in zip(sharing, sizes):
         print(f"| {n} | {others:g} | {per_wake[n] * 1e6:.1f} | {share:.2f} |")
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": cores,
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "tokens": TOKENS, "seconds": args.seconds, "evict_mib": args.evict, "repeats": args.repeats}
     with open(args.json, "w") as handle:
         json.dump({"meta": meta, "ring_us": {str(n): v * 1e6 for n, v in per_wake.items()},
                    "runs_us": {str(k): [v * 1e6 for v in vs] for k, vs in runs.items()},
