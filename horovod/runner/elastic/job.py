@@ -21,6 +21,11 @@ from horovod.runner.hosts import HostInfo
 from horovod.runner.supervisor import WorkerExit
 
 
+# How often the loop looks at the store for ready workers when nothing else wakes it: an elastic reset waits half
+# of it on average between the last survivor's "ready" and the next round's assignment.
+POLL_INTERVAL_SECONDS = 0.1
+
+
 def _stderr_log(text: str) -> None:
     print(f"horovodrun elastic: {text}", file=sys.stderr, flush=True)
 
@@ -39,7 +44,7 @@ class ElasticJob:
 
     def __init__(self, settings: ElasticSettings, discovery, spawner, store,
                  clock: Callable[[], float] = time.monotonic, uniform: Callable[[], float] = random.random,
-                 log: Callable[[str], None] = _stderr_log, poll_interval: float = 0.1,
+                 log: Callable[[str], None] = _stderr_log, poll_interval: float = POLL_INTERVAL_SECONDS,
                  discovery_interval: float = DISCOVER_HOSTS_FREQUENCY_SECS):
         self.settings = settings
         self.discovery = discovery
@@ -280,4 +285,4 @@ class ElasticJob:
             self.spawner.close()
 
 
-__all__ = ["ElasticJob"]
+__all__ = ["ElasticJob", "POLL_INTERVAL_SECONDS"]
