@@ -35,6 +35,7 @@ __all__ = ["WorkerExit", "JobResult", "Supervisor", "failure_message", "DEFAULT_
 DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_SETTLE_SECONDS = 2.0  # one keepalive probe at the default liveness timeout (1 s), and as much again
 _POLL_SECONDS = 0.05  # how often the wait loop looks at a signal flag; worker exits wake it at once
+_WAKE = ("", 0, 0)    # on the exits queue: not an exit, only "look now" (see Supervisor.wake)
 _READER_JOIN_SECONDS = 2.0  # a grandchild that left the process group may hold a pipe open
 
 
@@ -170,7 +171,8 @@ class Supervisor:
         self._events.put((key, handle.pid, handle.wait()))
 
     def exits(self, timeout: float) -> List[Tuple[Hashable, int, int]]:
-        """``(key, pid, returncode)`` of workers that exited, waiting up to ``timeout`` for the first one."""
+        """``(key, pid, returncode)`` of workers that exited, waiting up to ``timeout`` for the first one (or for a
+        :meth:`wake`)."""
         found = []
         try:
             found.append(self._events.get(timeout=timeout))
@@ -178,7 +180,11 @@ class Supervisor:
                 found.append(self._events.get_nowait())
         except queue.Empty:
             pass
-        return found
+        return [event for event in found if event is not _WAKE]
+
+    def wake(self) -> None:
+        """Make a waiting :meth:`exits` return now, with whatever has exited (maybe nothing); thread-safe."""
+        self._events.put(_WAKE)
 
     def send_signal(self, key: Hashable, sig: int) -> None:
         """Send ``sig`` to the worker of ``key`` if it still runs."""
@@ -215,9 +221,12 @@ class Supervisor:
         while len(state.exits) < len(self.handles):
             self._check_stops(state)
             try:
-                key, _, returncode = self._events.get(timeout=_POLL_SECONDS)
+                event = self._events.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 continue
+            if event is _WAKE:
+                continue
+            key, _, returncode = event
             exited = WorkerExit(key, self.hostnames[key], returncode, time.time())
             state.exits[key] = exited
             if on_exit is not None:

@@ -204,3 +204,34 @@ def test_job_loop_first_discovery_failure_fails_the_job():
     job = ElasticJob(ElasticSettings(min_np=1), Broken(), FakeSpawner(), KVStore(), log=lambda text: None)
     code, message = job.run()
     assert code == 1 and "host discovery failed" in message
+
+
+def test_a_worker_ready_in_the_store_wakes_the_loop_and_the_listener_goes_with_the_job():
+    # The loop waits on the spawner's exits; a worker's "ready" (a put in the store) makes that wait return at once
+    # rather than after the poll interval, and a finished job leaves no listener on the store.
+    class WakeableSpawner(FakeSpawner):
+        wakes = 0
+
+        def wake(self):
+            self.wakes += 1
+
+    store, spawner = KVStore(), WakeableSpawner()
+    job = ElasticJob(ElasticSettings(min_np=1), FixedHosts([HostInfo("a", 1)]), spawner, store, clock=Clock(),
+                     uniform=lambda: 0.0, log=lambda text: None)
+    assert job.step() is None and spawner.started == ["a:0"]
+    before = spawner.wakes
+    ready(store, "a:0")
+    assert spawner.wakes > before
+    spawner.exit("a:0", 0)
+    assert job.run() == (0, "")
+    after = spawner.wakes
+    store.put(protocol.READY_SCOPE, "a:0", b"0")
+    assert spawner.wakes == after
+
+
+def test_a_supervisor_woken_returns_from_its_wait_with_no_exit():
+    from horovod.runner.supervisor import Supervisor
+    supervisor = Supervisor(sink=None)
+    supervisor.wake()
+    assert supervisor.exits(timeout=60.0) == []      # returns at once: a wake is not an exit
+    assert supervisor.exits(timeout=0.0) == []

@@ -1,7 +1,8 @@
 """The elastic driver's loop: observe (discovery, worker exits, ready workers), :func:`decide`, carry it out.
 
 Discovery, the spawner, the store and the clock are parameters, so the loop runs in unit tests with fakes. It wakes
-on a worker's exit at once, otherwise every ``poll_interval`` seconds, and asks discovery about once a second.
+on a worker's exit and on a change of the store (a worker ready for the next round) at once, otherwise every
+``poll_interval`` seconds, and asks discovery about once a second.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from horovod.runner.hosts import HostInfo
 from horovod.runner.supervisor import WorkerExit
 
 
-# How often the loop looks at the store for ready workers when nothing else wakes it: an elastic reset waits half
-# of it on average between the last survivor's "ready" and the next round's assignment.
+# How often the loop looks around when nothing wakes it (a store without change listeners, a spawner that cannot be
+# woken: then a reset waits half of it on average between the last survivor's "ready" and the next assignment).
 POLL_INTERVAL_SECONDS = 0.1
 
 
@@ -55,6 +56,11 @@ class ElasticJob:
         self.log = log
         self.poll_interval = poll_interval
         self.discovery_interval = discovery_interval
+        # A worker's "ready" (a put in the store) wakes the loop rather than waiting for its next poll.
+        wake = getattr(spawner, "wake", None)
+        self._store_listener = wake if wake is not None and hasattr(store, "on_change") else None
+        if self._store_listener is not None:
+            store.on_change(self._store_listener)
         self.registry = WorkerRegistry()
         self.blacklist = Blacklist(settings.cooldown_range)
         self.round = 0
@@ -282,6 +288,8 @@ class ElasticJob:
                 if result is not None:
                     return result
         finally:
+            if self._store_listener is not None:
+                self.store.forget_listener(self._store_listener)
             self.spawner.close()
 
 

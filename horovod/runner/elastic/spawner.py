@@ -74,6 +74,10 @@ class ElasticSpawner:
         """``(key, pid, returncode)`` of workers that exited, waiting up to ``timeout`` for the first one."""
         return self.supervisor.exits(timeout)
 
+    def wake(self) -> None:
+        """Make a waiting :meth:`exits` return now (the store changed: a worker may be ready)."""
+        self.supervisor.wake()
+
     def send_signal(self, key: str, sig: int) -> None:
         """Send ``sig`` to the worker of slot ``key`` if it still runs."""
         self.supervisor.send_signal(key, sig)

@@ -6,9 +6,8 @@ The reset's phases, in the order an elastic job goes through them (docs/elastic.
    and the failure spreads (the lost-rank scenario of :mod:`~horovod.tools.simulate.report`);
 2. the driver's round (modelled): every survivor tells the driver it is ready and waits; the driver answers once
    every live worker waits (:mod:`horovod.runtime.elastic_worker`): two requests per survivor and an answer each,
-   served one after another by the driver's store, as :class:`~horovod.tools.simulate.startup.Rendezvous` serves,
-   and half the driver's poll of the store (``POLL_INTERVAL_SECONDS``: it looks for ready workers every 0.1 s), the
-   mean wait from the last survivor's "ready" to its next look;
+   served one after another by the driver's store, as :class:`~horovod.tools.simulate.startup.Rendezvous` serves
+   (the store's change wakes the driver: no poll interval is waited);
 3. the new mesh and its first result (simulated): the survivors register their records and get everyone's (by the
    tree past 16 ranks), then negotiate their first allreduce with new names (the response cache starts empty);
 4. the state's broadcast from rank 0 (modelled, when ``state_bytes`` is given): a pipelined broadcast, the link's
@@ -24,7 +23,6 @@ import dataclasses
 import math
 from typing import Dict, Optional
 
-from horovod.runner.elastic.job import POLL_INTERVAL_SECONDS
 from horovod.tools.simulate.job import Workload, scenario, victim_of
 from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
@@ -46,7 +44,7 @@ def reset_seconds(size: int, slots: int = 8, cores: int = 8, cpu: CpuModel = Cpu
     survivors = size - 1
     # Every survivor asks at about once; the driver answers when the last one asked.
     remote = link.remote_latency if survivors > slots else link.local_latency
-    round_s = survivors * 3 * startup.request + 2 * remote + POLL_INTERVAL_SECONDS / 2
+    round_s = survivors * 3 * startup.request + 2 * remote
     mesh = scenario(survivors, seed, slots, cores, Workload(steps=1, tensors=20, compute=0.0, jitter=0.0),
                     cpu=cpu, link=link,
                     startup=dataclasses.replace(startup, launch=0.0, spawn=0.0, remote=0.0, boot=0.0))
