@@ -7,10 +7,10 @@ Two measurements, neither of which runs a job of the sizes the simulation predic
 - **The machine's curve.** N Python processes, each started fresh (a private heap, as ranks have), pass two tokens
   round a ring of Unix sockets, so both cores stay busy as in a collective; on each token a process does the same
   small piece of interpreter work (dictionary and object lookups, a numpy op). CPU per wake-up against N, and at
-  N = 2 again with ``--evict`` MiB of the process's own memory written before each wake-up (its own CPU left
-  out): the cost of a wake-up whose caches were emptied. Each ring runs ``--repeats`` times, in turn across the
-  sizes, and the median counts (one ring's figure moves by up to a third from run to run around 64 processes). A wake-up after ``N - 1`` others ran pays the share
-  ``(cost(N) - cost(2)) / (cost evicted - cost(2))`` of a full refill.
+  N = 2 again with ``--evict`` MiB of the process's own memory written before each wake-up (its own CPU left out): the
+  cost of a wake-up whose caches were emptied. Each ring runs ``--repeats`` times, in turn across the sizes, and the
+  median counts (one ring's figure moves by up to a third from run to run around 64 processes). A wake-up after
+  ``N - 1`` others ran pays the share ``(cost(N) - cost(2)) / (cost evicted - cost(2))`` of a full refill.
 - **What a full refill costs a rank.** ``bench/rank_cpu.py --np 4 --evict MIB``: a loop of 4 B allreduces at np 4,
   each rank's CPU per op, as is and with the same eviction before each op; the mean difference is ``rank_cold_us``.
 

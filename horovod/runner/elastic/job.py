@@ -293,4 +293,4 @@ class ElasticJob:
             self.spawner.close()
 
 
-__all__ = ["ElasticJob", "POLL_INTERVAL_SECONDS"]
+__all__ = ["ElasticJob"]

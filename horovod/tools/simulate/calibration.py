@@ -231,8 +231,9 @@ def measured_figures(saved: dict) -> Dict[str, Dict[int, float]]:
 def describe(costs: Costs) -> str:
     """The fitted numbers, in one line."""
     return (f"CPU costs x{costs.cpu.wake / CpuModel().wake:.2f} of the first guesses, failing "
-            f"{costs.cpu.fail * 1e6:.0f} us, a killed process's hang-up {costs.link.hangup * 1e3:.2f} ms, a request {costs.cpu.submit * 1e6:.1f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, boot "
-            f"{costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
+            f"{costs.cpu.fail * 1e6:.0f} us, a killed process's hang-up {costs.link.hangup * 1e3:.2f} ms, "
+            f"a request {costs.cpu.submit * 1e6:.1f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, "
+            f"boot {costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
             f"{costs.startup.request * 1e6:.0f} us a request"
             + (f", a cold op {costs.cpu.cold * 1e6:.0f} us" if costs.cpu.cold and costs.cpu.sharing else ""))
 
