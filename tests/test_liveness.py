@@ -19,7 +19,8 @@ import time
 import pytest
 
 from horovod.testing import spawn_ranks
-from horovod.transport.mesh import watch_liveness
+from horovod.transport.mesh import watch_liveness, window_closed
+from horovod.transport.tcp import TcpTransport
 
 
 @pytest.mark.serial
@@ -40,6 +41,56 @@ def test_liveness_probes_are_set_on_tcp_connections():
     finally:
         client.close()
         server.close()
+
+
+def _until(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {seconds} s"
+        time.sleep(0.01)
+
+
+@pytest.mark.unit
+def test_a_connection_behind_a_closed_window_is_held_open_until_the_window_opens():
+    # The receiver's process does not read (busy): its kernel acknowledges every byte and closes its window. The
+    # I/O thread's look lifts the liveness bound on that connection, and puts it back once the window opens.
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    reader, _ = server.accept()
+    transport = TcpTransport(0, 2, b"s" * 32, timeout=30.0, liveness=2.0, busy_bound=300.0)
+    try:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        watch_liveness(client, 2.0)
+        transport._socks[1] = client
+        assert not window_closed(client), "an idle connection has nothing waiting"
+        client.setblocking(False)
+        try:
+            while True:
+                client.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        _until(lambda: window_closed(client), 10, "the window closed with every byte acknowledged")
+        transport._hold_busy_peers()
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 300000
+        reader.setblocking(False)
+
+        def drained():
+            try:
+                while reader.recv(1 << 20):
+                    pass
+            except BlockingIOError:
+                pass
+            return not window_closed(client)
+        _until(drained, 10, "the window opened once the receiver read")
+        transport._hold_busy_peers()
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 2000
+    finally:
+        transport._socks.clear()
+        for sock in (client, reader, server):
+            sock.close()
 
 
 def _hold_gil(seconds: float) -> dict:

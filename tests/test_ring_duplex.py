@@ -33,12 +33,6 @@ class _PairTransport:
     def resumed(self):
         return None
 
-    def send_blocked(self, peer):
-        return False
-
-    def send_moved(self, peer):
-        return None
-
     def fail(self, peer, exc):
         return HorovodInternalError(f"rank {self.rank}: rank {peer} was lost ({exc})")
 

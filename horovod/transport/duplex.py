@@ -25,8 +25,8 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 __all__ = ["Duplex", "PollDuplex", "SerialDuplex"]
 
 # Largest single write: the kernel takes what fits in the socket buffer anyway; a bound keeps one call short.
+_RETRY_SEND = 1.0    # seconds between write attempts on a connection poll does not call writable (see PollDuplex)
 _MAX_WRITE = 8 << 20
-_SEND_LOOK = 1.0     # seconds a send may stand still before its connection is looked at (see PollDuplex)
 _READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _WRITE_EVENTS = select.POLLOUT | select.POLLERR | select.POLLHUP
 
@@ -96,7 +96,6 @@ class PollDuplex(Duplex):
 
     ``transport`` provides ``connection(peer)`` (the socket), ``timeout``, ``waiting(peer, silent_for)`` (told
     every half timeout while no byte moves; raises to end the wait) and ``resumed()`` (bytes moved after that),
-    ``send_blocked(peer)`` and ``send_moved(peer)`` (a send stood still for a second, and moved again),
     ``fail(peer, exc)`` (the error that fails the transport) and ``quiesce(peer)`` (returns once nothing else is
     being written to the connection).
     """
@@ -137,12 +136,9 @@ class PollDuplex(Duplex):
     def _progress(self) -> None:
         # A connection that fails (a dead process, a host the keepalive probes lost) raises from _move; silence
         # on a live one is the transport's to judge, told every half timeout (transport.waiting may raise).
-        # A send that has not moved for a second is looked at: a peer whose kernel took everything but does not
-        # read would otherwise be cut at the liveness timeout (send_blocked holds its connection open).
         tick = self.transport.timeout / 2
         last_moved = time.monotonic()
         told = False
-        held: List[int] = []
         look = last_moved + tick
         while self._pending_recvs or any(self._sends.values()):
             if self._move():
@@ -151,9 +147,6 @@ class PollDuplex(Duplex):
                 if told:
                     told = False
                     self.transport.resumed()
-                for peer in held:
-                    self.transport.send_moved(peer)
-                held.clear()
                 continue
             waiting = self._wait_set()
             now = time.monotonic()
@@ -162,10 +155,10 @@ class PollDuplex(Duplex):
                 self.transport.waiting(self._blamed(), now - last_moved)
                 look = now + tick
             wait = None if tick <= 0 else look - now
-            if not held and any(self._sends.values()):
-                if now - last_moved >= _SEND_LOOK:
-                    held = [p for p, queue in self._sends.items() if queue and self.transport.send_blocked(p)]
-                again = _SEND_LOOK - (now - last_moved) % _SEND_LOOK
+            if any(self._sends.values()):
+                # Linux raises POLLOUT only once a third of the send buffer is free: a write may take bytes
+                # before poll says so, and a peer that trickles its window open would look silent for a tick.
+                again = _RETRY_SEND - (now - last_moved) % _RETRY_SEND
                 wait = again if wait is None else min(wait, again)
             poller = select.poll()
             for fd, events in waiting.items():

@@ -22,6 +22,7 @@ shuts them down.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import resource
 import socket
@@ -69,17 +70,23 @@ def watch_liveness(sock: socket.socket, seconds: float) -> None:
             pass
 
 
-_TCPI_UNACKED = 24     # struct tcp_info: eight one-byte fields, then rto, ato, snd_mss, rcv_mss, unacked
+_TCPI_PROBES = 3       # struct tcp_info: state, ca_state, retransmits, probes (unanswered window probes)
+_TCPI_UNACKED = 24     # ... then backoff, options, wscale, flags, rto, ato, snd_mss, rcv_mss, unacked
+_SIOCOUTQ = 0x5411     # Linux: bytes in a socket's send queue, sent or not
 
 
 def window_closed(sock: socket.socket) -> bool:
-    """Whether the peer's kernel acknowledged every byte sent on ``sock`` while more wait to go: its receive window
-    is closed because its process does not read (busy, or stopped), so the peer is alive, not lost."""
+    """Whether bytes wait in ``sock``'s kernel behind a window the peer closed while the peer's kernel answers:
+    every byte sent was acknowledged, more wait to go, and at most one window probe went unanswered. The peer's
+    process does not read (busy, or stopped) but its host is alive; a host that stops answering raises the probe
+    count past one, and the connection is no longer held open."""
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-    except (OSError, AttributeError):
+        if len(info) < 28 or struct.unpack_from("I", info, _TCPI_UNACKED)[0] != 0 or info[_TCPI_PROBES] > 1:
+            return False
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0] > 0
+    except (OSError, AttributeError, ValueError):
         return False
-    return len(info) >= 28 and struct.unpack_from("I", info, _TCPI_UNACKED)[0] == 0
 
 
 def hold_open(sock: socket.socket, seconds: float) -> None:
@@ -127,6 +134,10 @@ class MeshSetup:
         """Close every connection (the transport's)."""
         raise NotImplementedError
 
+    def _hold_busy_peers(self) -> None:
+        """Look at the connections' windows, every second on the I/O thread (the transport's)."""
+        raise NotImplementedError
+
     def _fail(self, peer: int, exc: BaseException) -> HorovodInternalError:
         raise NotImplementedError
 
@@ -157,7 +168,7 @@ class MeshSetup:
         # Served from now on, while this rank still waits for the others to publish: a peer that starts sooner
         # may dial at once, and strangers are dropped while they wait.
         self._reactor = Reactor(self.rank, self.size, self.secret, PURPOSE_MESH, self._claim, self._fail,
-                                self._adopt)
+                                self._adopt, self._hold_busy_peers if self.liveness > 0 else None)
         self._reactor.start()
         for listener in (self._listener, self._unix_listener):
             if listener is not None:

@@ -95,15 +95,19 @@ class Reactor(threading.Thread):
         fail: called with ``(peer, exc)`` when a queued send to ``peer`` fails; returns the error its future gets.
         adopt: called with ``(rank, sock)`` once a kept connection's verdict went out (the socket is then the
             caller's), or ``(rank, None)`` when the connection failed before that.
+        every_second: called about once a second on this thread, whatever else waits (the transport looks at its
+            connections' windows there), or ``None``.
     """
 
     def __init__(self, rank: int, size: int, secret: bytes, purpose: int,
                  claim: Callable[[int], bool],
                  fail: Callable[[int, BaseException], BaseException],
-                 adopt: Callable[[int, Optional[socket.socket]], None]):
+                 adopt: Callable[[int, Optional[socket.socket]], None],
+                 every_second: Optional[Callable[[], None]] = None):
         super().__init__(name="horovod-io", daemon=True)
         self.rank, self.size, self.secret, self.purpose = rank, size, secret, purpose
         self._claim, self._fail, self._adopt = claim, fail, adopt
+        self._every_second = every_second
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -164,10 +168,17 @@ class Reactor(threading.Thread):
     def run(self) -> None:
         """Serve the listeners, handshakes and queued sends until :meth:`stop`."""
         try:
+            next_look = time.monotonic() + 1.0
             while not self._stopped:
                 timeout = None
                 if self._pending:
                     timeout = max(0.0, min(h.deadline for h in self._pending.values()) - time.monotonic())
+                if self._every_second is not None:
+                    now = time.monotonic()
+                    if now >= next_look:
+                        self._every_second()
+                        next_look = now + 1.0
+                    timeout = next_look - now if timeout is None else min(timeout, next_look - now)
                 for key, events in self._selector.select(timeout):
                     kind, target = key.data
                     if kind == "wake":

@@ -95,6 +95,7 @@ class TcpTransport(MeshSetup):
         self._broken: Optional[str] = None
         self._pid = os.getpid()
         self._silence_reported: set = set()
+        self._held: set = set()             # peers whose connection is held open behind a closed window
         self._abandoned = None
         self._fail_lock = threading.Lock()
         self._limit_hit = False
@@ -226,21 +227,22 @@ class TcpTransport(MeshSetup):
         """Bytes moved again after :meth:`waiting` was called."""
         self.patience.resumed()
 
-    def send_blocked(self, peer: int) -> bool:
-        """A send to ``peer`` has not moved for a while: when its kernel took every byte and closed its window, the
-        peer is alive but not reading, and the connection is held open up to the busy-peer bound instead of being
-        cut at the liveness timeout. Whether it was (the caller calls :meth:`send_moved` once bytes move)."""
-        sock = self._socks.get(peer)
-        if sock is None or sock.family == socket.AF_UNIX or self.liveness <= 0 or not window_closed(sock):
-            return False
-        hold_open(sock, self.patience.bound)
-        return True
-
-    def send_moved(self, peer: int) -> None:
-        """Bytes to ``peer`` moved again after :meth:`send_blocked` held its connection open: liveness as before."""
-        sock = self._socks.get(peer)
-        if sock is not None:
-            hold_open(sock, self.liveness)
+    def _hold_busy_peers(self) -> None:
+        """Every second, on the I/O thread: a connection whose peer's kernel took every byte and closed its window
+        (the peer's process does not read: busy, or stopped) is held open up to the busy-peer bound instead of
+        being cut at the liveness timeout, since Linux applies ``TCP_USER_TIMEOUT`` to window probes too; once
+        its window opens, or its host stops answering, liveness is as before. Whatever waits on it (a duplex, a
+        receive, a queued send), the patience still bounds the collective."""
+        for peer, sock in list(self._socks.items()):
+            if sock.family == socket.AF_UNIX:
+                continue
+            busy = window_closed(sock)
+            if busy and peer not in self._held:
+                self._held.add(peer)
+                hold_open(sock, self.patience.bound)
+            elif not busy and peer in self._held:
+                self._held.discard(peer)
+                hold_open(sock, self.liveness)
 
     def _silent_peer(self, peer: int, silent_for: float) -> None:
         """``peer`` owes a control message while its connection is alive: busy (a long call that holds its GIL) or

@@ -235,3 +235,35 @@ def test_a_supervisor_woken_returns_from_its_wait_with_no_exit():
     supervisor.wake()
     assert supervisor.exits(timeout=60.0) == []      # returns at once: a wake is not an exit
     assert supervisor.exits(timeout=0.0) == []
+
+
+def test_a_late_worker_is_killed_once_and_the_loop_waits_for_its_exit_instead_of_spinning():
+    # A worker past the start timeout is sent SIGKILL once; until its exit arrives each step waits the poll
+    # interval (an exit wakes it), and the stop is logged once, not once per step.
+    class SlowDeath(FakeSpawner):
+        def __init__(self):
+            super().__init__()
+            self.signals, self.timeouts = [], []
+
+        def send_signal(self, key, sig):
+            self.signals.append((key, sig))     # the exit arrives later
+
+        def exits(self, timeout):
+            self.timeouts.append(timeout)
+            return super().exits(timeout)
+
+    store, spawner, lines = KVStore(), SlowDeath(), []
+    settings = ElasticSettings(min_np=1, start_timeout=1)
+    job = ElasticJob(settings, FixedHosts([HostInfo("a", 1), HostInfo("b", 1)]), spawner, store, clock=Clock(),
+                     uniform=lambda: 0.0, log=lines.append)
+    assert job.step() is None and spawner.started == ["a:0", "b:0"]
+    ready(store, "a:0")
+    for _ in range(30):
+        job.step()
+    assert spawner.signals == [("b:0", 9)]
+    assert [line for line in lines if line.startswith("stopping worker")] == \
+        ["stopping worker b:0: not ready within the start timeout (1s)"]
+    assert all(timeout == job.poll_interval for timeout in spawner.timeouts[1:])
+    spawner.exit("b:0", -9)
+    job.step()
+    assert "b:0" not in job._stopping

@@ -17,7 +17,9 @@ TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 @pytest.mark.cli
 def test_keras_state_survives_a_killed_worker():
+    # Three TensorFlow imports at once on a loaded 2-core machine can take the default start timeout (30 s).
     result = run_horovodrun(["-np", "3", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
+                             "--start-timeout", "100",
                              sys.executable, EXAMPLE, "--epochs", "2", "--crash-host", "127.0.0.3"],
                             timeout=150, env=TF_ENV)
     log = result.stdout + result.stderr

@@ -70,6 +70,7 @@ class ElasticJob:
         self.current_keys = frozenset()
         self.discovered: Optional[List[HostInfo]] = None
         self.succeeded = False
+        self._stopping: set = set()     # workers sent SIGKILL whose exit has not arrived yet
         self.failures: List[WorkerExit] = []
         self.first_failure: Optional[WorkerExit] = None
         self.waiting_since: Optional[float] = None
@@ -272,11 +273,15 @@ class ElasticJob:
             self._spawn(action, now)
         elif isinstance(action, Kill):
             for key in action.keys:
-                self.log(f"stopping worker {key}: {action.reason}")
-                self.spawner.send_signal(key, signal.SIGKILL)
+                if key not in self._stopping:
+                    self._stopping.add(key)
+                    self.log(f"stopping worker {key}: {action.reason}")
+                    self.spawner.send_signal(key, signal.SIGKILL)
         elif isinstance(action, Publish):
             self._publish(action)
-        for key, pid, code in self.spawner.exits(0.0 if not isinstance(action, Wait) else self.poll_interval):
+        # A killed worker's exit wakes the wait when it arrives; only a spawn or a publish is acted on again at once.
+        for key, pid, code in self.spawner.exits(self.poll_interval if isinstance(action, (Wait, Kill)) else 0.0):
+            self._stopping.discard(key)
             self._on_exit(key, pid, code)
         return None
 
