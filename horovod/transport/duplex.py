@@ -25,8 +25,8 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 __all__ = ["Duplex", "PollDuplex", "SerialDuplex"]
 
 # Largest single write: the kernel takes what fits in the socket buffer anyway; a bound keeps one call short.
-_RETRY_SEND = 1.0    # seconds between write attempts on a connection poll does not call writable (see PollDuplex)
 _MAX_WRITE = 8 << 20
+_RETRY_SEND = 1.0    # seconds between write attempts on a connection poll does not call writable (see PollDuplex)
 _READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _WRITE_EVENTS = select.POLLOUT | select.POLLERR | select.POLLHUP
 
