@@ -18,12 +18,12 @@ import os
 import re
 import signal
 import sys
-import time
 
 import pytest
 
 from horovod.testing.fixtures import end_horovodrun, start_horovodrun
 from horovod.testing.netns import NetnsCluster, unavailable_reason
+from horovod.testing.fixtures import wait_for as _wait_for
 
 pytestmark = pytest.mark.cli
 
@@ -48,13 +48,6 @@ CAUSE = {
 # How a survivor's error may mention a rank without blaming it.
 _NOT_BLAME = re.compile(r"Horovod failed on rank \d+:|\(passed on by rank \d+\)|\(rank \d+ waits on it through rank \d+\)|"
                         r"as rank \d+ reported|background loop failed on rank \d+")
-
-
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def _launch(tmp_path, args, fault, env=None):

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from horovod.testing import spawn_ranks
+from horovod.testing.fixtures import wait_for
 from horovod.transport.mesh import watch_liveness, window_closed
 from horovod.transport.tcp import TcpTransport
 
@@ -43,13 +44,6 @@ def test_liveness_probes_are_set_on_tcp_connections():
         server.close()
 
 
-def _until(predicate, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} within {seconds} s"
-        time.sleep(0.01)
-
-
 @pytest.mark.unit
 def test_a_connection_behind_a_closed_window_is_held_open_until_the_window_opens():
     # The receiver's process does not read (busy): its kernel acknowledges every byte and closes its window. The
@@ -72,7 +66,7 @@ def test_a_connection_behind_a_closed_window_is_held_open_until_the_window_opens
                 client.send(b"x" * 65536)
         except BlockingIOError:
             pass
-        _until(lambda: window_closed(client), 10, "the window closed with every byte acknowledged")
+        wait_for(lambda: window_closed(client), 10, "the window to close with every byte acknowledged")
         transport._hold_busy_peers()
         assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 300000
         reader.setblocking(False)
@@ -84,7 +78,7 @@ def test_a_connection_behind_a_closed_window_is_held_open_until_the_window_opens
             except BlockingIOError:
                 pass
             return not window_closed(client)
-        _until(drained, 10, "the window opened once the receiver read")
+        wait_for(drained, 10, "the window to open once the receiver read")
         transport._hold_busy_peers()
         assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 2000
     finally:

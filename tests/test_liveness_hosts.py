@@ -18,6 +18,7 @@ import time
 import pytest
 
 from horovod.testing.netns import NetnsCluster, unavailable_reason
+from horovod.testing.fixtures import wait_for as _wait_for
 
 pytestmark = pytest.mark.cli
 
@@ -72,13 +73,6 @@ BUSY = textwrap.dedent("""
 def cluster():
     with NetnsCluster(2) as made:
         yield made
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def _launch(cluster, args, out_dir):

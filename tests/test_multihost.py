@@ -18,6 +18,7 @@ import pytest
 
 from horovod.testing.fixtures import run_horovodrun
 from horovod.testing.netns import NetnsCluster, unavailable_reason
+from horovod.testing.fixtures import wait_for as _wait_for
 
 pytestmark = pytest.mark.cli
 
@@ -77,13 +78,6 @@ LOOP = textwrap.dedent("""
 def cluster():
     with NetnsCluster(3, sshd_on=[True, True, False]) as made:
         yield made
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.02)
 
 
 def _cmdlines():

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Callable, Iterable, List, Mapping, Optional, Sequence
 
 import pytest
@@ -131,6 +132,18 @@ def live_processes(pids: Iterable[int]) -> List[int]:
     return [pid for pid in pids if process_alive(pid)]
 
 
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Return once ``predicate()`` is true; fail the test (naming ``what``) if it is not within ``timeout`` seconds.
+
+    For a condition outside the test's process (a file a rank writes, a kernel's socket state): it is looked at
+    every 20 ms, never slept on blindly.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.02)
+
+
 def run_horovodrun(args: Sequence[str], timeout: float = 30.0, env: Optional[Mapping[str, str]] = None,
                    cwd: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run ``python -m horovod.runner ARGS`` to completion and capture its output.
@@ -171,7 +184,7 @@ def horovodrun() -> Callable[..., subprocess.CompletedProcess]:
     return run_horovodrun
 
 
-__all__ = ["TIERS", "process_alive", "live_processes", "run_horovodrun", "spawn", "horovodrun"]
+__all__ = ["TIERS", "process_alive", "live_processes", "run_horovodrun", "spawn", "horovodrun", "wait_for"]
 
 
 def start_horovodrun(args: Sequence[str], cwd: str, env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from horovod.testing.netns import NetnsCluster, unavailable_reason
+from horovod.testing.fixtures import wait_for as _wait_for
 from test_elastic_cli import check_history
 
 pytestmark = pytest.mark.cli
@@ -18,13 +19,6 @@ pytestmark = pytest.mark.cli
 _REASON = unavailable_reason()
 if _REASON is not None:
     pytest.skip(f"namespace test hosts unavailable: {_REASON}", allow_module_level=True)
-
-
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.mark.serial
