@@ -1,6 +1,6 @@
 """The four control-plane figures the simulation predicts, measured on one host across world sizes (horovod-py only).
 
-    python bench/scale_control.py [--np 2,4,8,16,32,64,128] [--repeats 3] [--json FILE]
+    python bench/scale_control.py [--np 2,4,8,16,32,64,128] [--repeats 3] [--linger] [--evict MIB] [--json FILE]
 
 For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings) measures:
 - start-up to the first allreduce's result, the slowest rank's, from the launch;
@@ -8,7 +8,12 @@ For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings
 - a cached cycle of 20 names: 20 async 4 B allreduces submitted at once, then every result (time per step);
 - the time to detect a killed rank: once the loops are done every rank keeps allreducing; this script SIGKILLs rank
   ``np // 2 + 1`` (the last at np 2) and each survivor stamps when its allreduce raised; the figure is the last
-  survivor's stamp less the kill's, and the run records how many survivors named the killed rank.
+  survivor's stamp less the kill's, and the run records how many survivors named the killed rank. Each survivor then
+  exits, as a script without elastic does (its process's end takes a core for a few ms); with ``--linger`` it stays
+  alive instead, as an elastic job's survivors do, which leaves the exits' CPU out of the figure. Each survivor also
+  records what failing cost its process (``fail_cpu_us``, the median over survivors: the CPU of the op that raised
+  less the loop's median op); with ``--evict MIB`` it writes MIB of its own memory before each op of that loop, so
+  the failure runs with its caches emptied.
 
 The 4 B and 20-name figures are the median of a loop of about ``--seconds`` after a warm-up of half as long. Each figure of the table is the median
 over repeats. Once per run of this script it also measures the rendezvous server alone (``server_request_us`` in the
@@ -87,15 +92,24 @@ def _worker(spec) -> None:
         with open(os.path.join(spec["dir"], "figures.json"), "w") as handle:
             json.dump({"first_s": first, "ar4_us": ar4 * 1e6, "cycle20_us": cycle20 * 1e6}, handle)
         os.rename(os.path.join(spec["dir"], "figures.json"), os.path.join(spec["dir"], "armed.json"))
+    evict = np.zeros(spec["evict_mib"] << 20, np.uint8) if spec["evict_mib"] else None
+    spent = []                  # the process's CPU (every thread's) per op of the loop the kill ends
     try:
         while True:
+            if evict is not None:
+                evict += 1      # outside the op's CPU: the op, and the failure, then run with the caches emptied
+            began = time.process_time()
             hvd.allreduce_(one, op=hvd.Average, name="ar4")
+            spent.append(time.process_time() - began)
     except HorovodInternalError as exc:
         stamp = time.time()
+        failing = time.process_time() - began - float(np.median(spent[-200:] or [0.0]))
         path = os.path.join(spec["dir"], f"failed-{rank}")
         with open(path + ".part", "w") as handle:
-            json.dump({"at": stamp, "error": str(exc)}, handle)
+            json.dump({"at": stamp, "error": str(exc), "fail_cpu": failing}, handle)
         os.rename(path + ".part", path)     # whole when it appears: this script reads it the moment it does
+    if spec["linger"]:
+        signal.pause()                      # until this script ends the job
     os._exit(1)
 
 
@@ -138,7 +152,8 @@ def run_one(np_: int, args) -> dict:
     from scale import _end_all
     victim = np_ // 2 + 1 if np_ > 2 else np_ - 1
     with tempfile.TemporaryDirectory() as tmp:
-        spec = {"dir": tmp, "seconds": args.seconds, "launched": time.time()}
+        spec = {"dir": tmp, "seconds": args.seconds, "launched": time.time(), "linger": args.linger,
+                "evict_mib": args.evict}
         cmd = [sys.executable, "-m", "horovod.runner", "-np", str(np_), sys.executable, os.path.abspath(__file__),
                "--worker", json.dumps(spec)]
         log_path = os.path.join(tmp, "log")
@@ -170,7 +185,7 @@ def _kill_and_watch(np_: int, victim: int, tmp: str, procs, deadline: float) -> 
     for rank in survivors:
         if not _wait_for(os.path.join(tmp, f"failed-{rank}"), procs, deadline):
             break
-    stamps, naming, missing = [], 0, []
+    stamps, naming, missing, cpu = [], 0, [], []
     for rank in survivors:
         try:
             with open(os.path.join(tmp, f"failed-{rank}")) as handle:
@@ -179,8 +194,11 @@ def _kill_and_watch(np_: int, victim: int, tmp: str, procs, deadline: float) -> 
             missing.append(rank)
             continue
         stamps.append(record["at"])
+        cpu.append(record["fail_cpu"])
         naming += f"rank {victim} " in record["error"]
     figures.update(survivors_failed=len(stamps), survivors_naming=naming, victim=victim)
+    if cpu:
+        figures["fail_cpu_us"] = statistics.median(cpu) * 1e6
     if len(stamps) < len(survivors):
         figures["error"] = (f"survivors {missing} never raised ({time.time() - killed:.1f} s after the kill, the "
                             f"launcher {'running' if procs[0].poll() is None else 'ended'})")
@@ -194,7 +212,8 @@ def medians(runs) -> dict:
     table = {}
     for np_ in sorted({r["np"] for r in runs}):
         done = [r["figures"] for r in runs if r["np"] == np_ and "error" not in r["figures"]]
-        table[np_] = {k: statistics.median(f[k] for f in done) for k in FIGURES if done}
+        table[np_] = {k: statistics.median(f[k] for f in done) for k in FIGURES + ("fail_cpu_us",)
+                      if done and all(k in f for f in done)}
         table[np_]["runs"] = len(done)
     return table
 
@@ -202,11 +221,12 @@ def medians(runs) -> dict:
 def markdown(table) -> str:
     """The medians as a markdown table."""
     lines = ["| np | start-up to first result, s | 4 B allreduce, µs | cached cycle of 20 names, µs | "
-             "killed rank: last survivor raised after, ms | runs |", "|---|---|---|---|---|---|"]
+             "killed rank: last survivor raised after, ms | failing's CPU per survivor, µs | runs |",
+             "|---|---|---|---|---|---|---|"]
     for np_, row in table.items():
         if row["runs"]:
             lines.append(f"| {np_} | {row['first_s']:.2f} | {row['ar4_us']:,.0f} | {row['cycle20_us']:,.0f} | "
-                         f"{row['detect_ms']:,.1f} | {row['runs']} |")
+                         f"{row['detect_ms']:,.1f} | {row.get('fail_cpu_us', float('nan')):,.0f} | {row['runs']} |")
     return "\n".join(lines)
 
 
@@ -216,6 +236,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per loop (and half that to warm up)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per run, plus 8 per rank")
+    parser.add_argument("--linger", action="store_true",
+                        help="survivors stay alive after they raised instead of exiting (as elastic ones do)")
+    parser.add_argument("--evict", type=int, default=0, metavar="MIB",
+                        help="write MIB of each rank's memory before each op of the loop the kill ends: the failure "
+                             "then runs with the caches emptied (its CPU: fail_cpu_us)")
     parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-control.json"))
     args = parser.parse_args(argv)
     from scale import _become_subreaper, _meta
@@ -223,6 +248,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     meta, runs = _meta(argparse.Namespace(binding="numpy", repeats=args.repeats)), []
     meta["server_request_us"] = server_request_seconds() * 1e6
+    meta["linger"], meta["evict_mib"] = args.linger, args.evict
     print(f"rendezvous server: {meta['server_request_us']:.0f} us of CPU per request", file=sys.stderr, flush=True)
     for np_ in [int(n) for n in args.np.split(",")]:
         for repeat in range(args.repeats):

@@ -98,7 +98,8 @@ def test_calibration_recovers_the_costs_it_is_fitted_to_and_prints_the_rest_besi
     from horovod.tools.simulate import calibration
     from horovod.tools.simulate.startup import StartupModel
     from horovod.tools.simulate.world import CpuModel, LinkModel
-    cpu = CpuModel(wake=60e-6, frame=22.5e-6, byte=3e-9, cycle=45e-6, name=1.5e-6, fail=450e-6, submit=4e-6)  # 1.5x
+    cpu = CpuModel(wake=60e-6, frame=22.5e-6, byte=3e-9, cycle=45e-6, name=1.5e-6, fail=450e-6, submit=4e-6,
+                   exit=3e-3)      # 1.5x the first guesses, and a process's end
     costs = calibration.Costs(cpu, dataclasses.replace(LinkModel(), local_latency=35e-6),
                               dataclasses.replace(StartupModel(), boot=0.3, launch=0.2))
     measured = {name: {n: figure(n, 2, costs) for n in (2, 4, 8)} for name, figure in calibration.FIGURES.items()}
@@ -144,6 +145,8 @@ def test_a_wake_up_refills_the_caches_by_the_machines_curve_for_the_processes_th
     assert cpu.refill(0) == 0.0 and CpuModel().refill(10) == 0.0          # nothing ran since; no curve
     assert cpu.refill(1.5) == pytest.approx(20e-6) and cpu.refill(100) == pytest.approx(300e-6)
     assert 20e-6 < cpu.refill(3.0) < 60e-6                                 # between points, in log of the count
+    # Past one full refill a further share costs the curve's own process's refill, when it is given.
+    assert CpuModel(cold=100e-6, sharing=curve, beyond=20e-6).refill(100) == pytest.approx(100e-6 + 2 * 20e-6)
     # A host counts the distinct other ranks that started a run since a rank's last one (not their runs).
     host = Host(0, cores=2)
     assert [host.others_since(r) for r in (0, 1, 2, 1, 1, 0)] == [0, 1, 2, 1, 0, 2]
@@ -151,9 +154,27 @@ def test_a_wake_up_refills_the_caches_by_the_machines_curve_for_the_processes_th
     from horovod.tools.simulate.calibration import _scaled
     scaled = _scaled(cpu, 2.0)
     assert scaled.wake == 2 * cpu.wake and scaled.frame == 2 * cpu.frame
-    assert (scaled.cold, scaled.sharing) == (cpu.cold, cpu.sharing)
+    assert (scaled.cold, scaled.sharing, scaled.beyond) == (cpu.cold, cpu.sharing, cpu.beyond)
     # Sixteen ranks on two cores pay it; two ranks with a core each (half a process per core ran since) pay nothing.
     from horovod.tools.simulate.calibration import Costs, allreduce_4b_seconds
     cold, warm = Costs(cpu=cpu), Costs()
     assert allreduce_4b_seconds(16, 2, cold) > allreduce_4b_seconds(16, 2, warm) * 1.2
     assert allreduce_4b_seconds(2, 2, cold) == pytest.approx(allreduce_4b_seconds(2, 2, warm), rel=1e-9)
+
+
+@pytest.mark.unit
+def test_a_killed_rank_hangs_up_once_its_process_ended_and_each_failed_survivors_exit_shares_the_cores():
+    from horovod.tools.simulate.calibration import Costs, detect_seconds
+    from horovod.tools.simulate.job import SCHEDULER_SLICE
+    from horovod.tools.simulate.world import CpuModel
+    ends = Costs(cpu=CpuModel(exit=5e-3, fail=50e-6))
+    # Two ranks, a core each: the survivor sees the hang-up once the killed process's 5 ms end ran, then raises.
+    assert 5e-3 <= detect_seconds(2, 2, ends) < 5e-3 + 1e-3
+    # Four ranks on two cores: the survivors that raised first exit, and their ends take both cores in slices; the
+    # last survivor runs within a slice or so, not after a whole exit (5 ms) as it would if an exit held its core.
+    assert detect_seconds(4, 2, ends) < 5e-3 + 2 * SCHEDULER_SLICE + 1e-3
+    # Sixteen ranks on two cores: the exits of the first fifteen take the cores the last survivors need; when the
+    # survivors live on (an elastic job's), the figure leaves them out.
+    lingering = detect_seconds(16, 2, ends, exits=False)
+    assert detect_seconds(16, 2, ends) > lingering * 1.3
+    assert detect_seconds(16, 2, Costs(cpu=CpuModel(fail=50e-6))) < lingering

@@ -5,6 +5,7 @@ that checks the invariants and replays exactly."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -31,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibrated", default="",
                         help="bench/scale_control.py's JSON: the costs fitted to its np 2 and 4 (this machine's "
                              "CPU and loopback; across hosts the default link), instead of the first guesses")
+    parser.add_argument("--reinit", type=float, default=0.0,
+                        help="seconds of CPU for an elastic reset's survivor to start its engine again (what "
+                             "bench/elastic_reset.py fits; 0: left out)")
     parser.add_argument("--json", default="", help="write the figures here")
     return parser
 
@@ -44,6 +48,7 @@ def main(argv=None) -> int:
         if args.kill or args.partition or args.delay or args.duplicate or args.reorder:
             return _one_run(args, sizes[0], env)
         costs = _costs(args.calibrated)
+        costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, reinit=args.reinit))
         rows = []
         for size in sizes:
             print(f"simulating {size} ranks ...", file=sys.stderr, flush=True)

@@ -12,15 +12,19 @@ raised) it fits seven numbers to np 2 and np 4 only, each from the figure it gov
 - a rank's boot (the interpreter and imports, on a shared core) from np 4's start-up less np 2's, and the
   launcher's own start from np 2's;
 - the caller's CPU per request (submitting it and waiting for it), from np 2's cached cycle of 20 names;
-- how long a killed process's sockets take to close (the kernel ends the process), from np 2's detection time, and
-  what failing costs a rank (the error raised through the engine, every handle failed, the hang-up), from np 4's,
-  in turn until both settle.
+- what a rank's process ending costs a core (the kernel frees its memory and closes its sockets: the killed rank's
+  sockets close when it is done), from np 2's detection time, and what failing costs a rank (the error raised through
+  the engine, every handle failed, the hang-up), from np 4's, in turn until both settle. A survivor that raised
+  exits too (the benchmark's script ends on the error), and its end shares the cores with the survivors that have
+  not raised yet; with the benchmark's ``--linger`` they stay alive instead, as an elastic job's do.
 
 With ``--sharing`` (``bench/core_sharing.py``'s JSON, measured on the same machine) a wake-up also refills the
 caches that the processes which ran since took: the machine's curve, and a rank's full refill measured at np 4.
 
 It then simulates every measured np with those costs and prints the four figures predicted beside the measured ones,
-with the error. ``bench/scale.py``'s JSON works too (start-up and the 4 B allreduce only).
+with the error. ``bench/scale.py``'s JSON works too (start-up and the 4 B allreduce only). With ``--fit-from OTHER``
+the costs come from another run's np 2 and 4 (the ``--linger`` run predicted from the costs fitted where survivors
+exit, say).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
 __all__ = ["Costs", "allreduce_4b_seconds", "cycle_seconds", "startup_seconds", "detect_seconds", "FIGURES",
-           "fit", "fit_saved", "predict", "table", "measured_figures", "describe", "main"]
+           "fit", "fit_saved", "exits_of", "predict", "table", "measured_figures", "describe", "main"]
 
 _WARM = 3                   # steps left out of a loop's time: new names, the first cycles
 
@@ -75,14 +79,14 @@ def startup_seconds(size: int, cores: int, costs: Costs) -> float:
     return job.step_done[0]
 
 
-def detect_seconds(size: int, cores: int, costs: Costs) -> float:
+def detect_seconds(size: int, cores: int, costs: Costs, exits: bool = True) -> float:
     """Simulated time from killing rank ``size // 2 + 1`` (the last at 2) in a loop of blocking 4 B allreduces until
-    the last survivor raised."""
+    the last survivor raised (``exits``: each survivor's process ends once it raised)."""
     victim = victim_of(size)
     loop = allreduce_4b_seconds(size, cores, costs)
     faults = Faults(kill=[(loop * 6.5, victim)])
     job = scenario(size, seed=1, slots=size, cores=cores, cpu=costs.cpu, link=costs.link, faults=faults,
-                   workload=Workload(steps=1000, tensors=1, compute=0.0, jitter=0.0, mixed=False))
+                   workload=Workload(steps=1000, tensors=1, compute=0.0, jitter=0.0, mixed=False, exits=exits))
     return job.detection_seconds()
 
 
@@ -108,11 +112,12 @@ def _solve(measure: Callable[[float], float], target: float, low: float, high: f
 def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
     # The refill is measured on its own (bench/core_sharing.py), not scaled with the costs the fit sets.
     return dataclasses.replace(cpu, **{f.name: getattr(cpu, f.name) * factor for f in dataclasses.fields(CpuModel)
-                                       if f.name not in ("cold", "sharing")})
+                                       if f.name not in ("cold", "sharing", "beyond")})
 
 
-def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()) -> Costs:
-    """The costs fitted to np 2 and 4 of ``measured`` (figure -> np -> seconds); figures it lacks keep ``base``'s."""
+def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs(), exits: bool = True) -> Costs:
+    """The costs fitted to np 2 and 4 of ``measured`` (figure -> np -> seconds); figures it lacks keep ``base``'s
+    (``exits``: whether the kill's survivors exited once they raised)."""
     costs = _fit_loops(measured, cores, base)
     first = measured.get("first_s", {})
     if 2 in first and 4 in first:
@@ -126,9 +131,10 @@ def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()
     if 4 in detect:
         for _ in range(3 if 2 in detect else 1):    # the kernel's hang-up from np 2, failing's CPU from np 4
             if 2 in detect:
-                hangup = _solve(lambda x: detect_seconds(2, cores, _with_link(costs, hangup=x)), detect[2], 1e-6, 1.0)
-                costs = _with_link(costs, hangup=hangup)
-            fail = _solve(lambda x: detect_seconds(4, cores, _with_cpu(costs, fail=x)), detect[4], 1e-6, 1.0)
+                ended = _solve(lambda x: detect_seconds(2, cores, _with_cpu(costs, exit=x), exits), detect[2],
+                               1e-6, 1.0)
+                costs = _with_cpu(costs, exit=ended)
+            fail = _solve(lambda x: detect_seconds(4, cores, _with_cpu(costs, fail=x), exits), detect[4], 1e-6, 1.0)
             costs = _with_cpu(costs, fail=fail)
     return costs
 
@@ -166,15 +172,16 @@ def _with_startup(figure, size: int, cores: int, costs: Costs, **changes) -> flo
     return figure(size, cores, dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, **changes)))
 
 
-def predict(measured: Dict[str, Dict[int, float]], cores: int, costs: Optional[Costs] = None
+def predict(measured: Dict[str, Dict[int, float]], cores: int, costs: Optional[Costs] = None, exits: bool = True
             ) -> List[Dict[str, object]]:
     """For each figure and measured np: predicted and measured seconds and the relative error, from np 2 and 4's
-    fit (or ``costs``)."""
-    costs = costs or fit(measured, cores)
+    fit (or ``costs``); ``exits``: whether the kill's survivors exited once they raised."""
+    costs = costs or fit(measured, cores, exits=exits)
     rows = []
     for name, by_np in measured.items():
         for size in sorted(by_np):
-            predicted = FIGURES[name](size, cores, costs)
+            predicted = detect_seconds(size, cores, costs, exits) if name == "detect_ms" else \
+                FIGURES[name](size, cores, costs)
             rows.append({"figure": name, "ranks": size, "measured_s": by_np[size], "predicted_s": predicted,
                          "error": predicted / by_np[size] - 1.0, "fitted": size in (2, 4)})
     return rows
@@ -210,10 +217,17 @@ def fit_saved(saved: dict, cores: int = 0, figures: Sequence[str] = tuple(FIGURE
     if request:
         base = dataclasses.replace(base, startup=dataclasses.replace(base.startup, request=request * 1e-6))
     if sharing:
-        base = _with_cpu(base, cold=sharing["rank_cold_us"] * 1e-6,
+        ring_refill = sharing["ring_evicted_us"] - sharing["ring_us"]["2"]     # the curve's own full refill
+        base = _with_cpu(base, cold=sharing["rank_cold_us"] * 1e-6, beyond=ring_refill * 1e-6,
                          sharing=tuple((float(x), float(y)) for x, y in sharing["sharing"]))
     measured = {k: v for k, v in measured_figures(saved).items() if k in figures}
-    return fit(measured, cores or int(saved["meta"].get("cores") or 2), base)
+    return fit(measured, cores or int(saved["meta"].get("cores") or 2), base, exits=exits_of(saved))
+
+
+def exits_of(saved: dict) -> bool:
+    """Whether the survivors of the run's kill exited once they raised (``bench/scale_control.py`` without
+    ``--linger``)."""
+    return not saved["meta"].get("linger")
 
 
 def measured_figures(saved: dict) -> Dict[str, Dict[int, float]]:
@@ -231,7 +245,7 @@ def measured_figures(saved: dict) -> Dict[str, Dict[int, float]]:
 def describe(costs: Costs) -> str:
     """The fitted numbers, in one line."""
     return (f"CPU costs x{costs.cpu.wake / CpuModel().wake:.2f} of the first guesses, failing "
-            f"{costs.cpu.fail * 1e6:.0f} us, a killed process's hang-up {costs.link.hangup * 1e3:.2f} ms, "
+            f"{costs.cpu.fail * 1e6:.0f} us, a process's exit {costs.cpu.exit * 1e3:.2f} ms, "
             f"a request {costs.cpu.submit * 1e6:.1f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, "
             f"boot {costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
             f"{costs.startup.request * 1e6:.0f} us a request"
@@ -246,23 +260,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--figures", default=",".join(FIGURES), help="which figures, comma-separated")
     parser.add_argument("--sharing", help="bench/core_sharing.py's JSON: wake-ups refill the caches as more "
                                           "processes share the cores (measured on the same machine)")
+    parser.add_argument("--fit-from", help="fit to this run's np 2 and 4 instead (a run of the same figures)")
     args = parser.parse_args(argv)
-    with open(args.results) as handle:
-        saved = json.load(handle)
-    sharing = None
-    if args.sharing:
-        with open(args.sharing) as handle:
-            sharing = json.load(handle)
+    saved, sharing = _load(args.results), _load(args.sharing)
+    source = _load(args.fit_from) or saved
     wanted = set(args.figures.split(","))
     measured = {k: v for k, v in measured_figures(saved).items() if k in wanted}
-    if not any(2 in v and 4 in v for v in measured.values()):
+    if not any(2 in v and 4 in v for v in measured_figures(source).values()):
         print("the results need np 2 and np 4 (the fit's two points)", file=sys.stderr)
         return 2
     cores = args.cores or int(saved["meta"].get("cores") or 2)
-    costs = fit_saved(saved, cores, list(measured), sharing)
-    print(f"fitted: {describe(costs)}", file=sys.stderr)
-    print(table(predict(measured, cores, costs)))
+    costs = fit_saved(source, cores, list(measured), sharing)
+    print(f"fitted{' to ' + args.fit_from if args.fit_from else ''}: {describe(costs)}", file=sys.stderr)
+    print(table(predict(measured, cores, costs, exits_of(saved))))
     return 0
+
+
+def _load(path: Optional[str]) -> Optional[dict]:
+    if not path:
+        return None
+    with open(path) as handle:
+        return json.load(handle)
 
 
 if __name__ == "__main__":

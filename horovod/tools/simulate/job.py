@@ -14,7 +14,7 @@ rank or ends with the job.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -24,6 +24,10 @@ from horovod.core.ops import Entry
 from horovod.tools.simulate.rank import SimHandle, SimRank, greenlet
 from horovod.tools.simulate.startup import Rendezvous, StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel, World
+
+# A long run of the kernel's (a process ending) shares a core with woken ranks: each waits at most about one base
+# slice of the Linux scheduler (EEVDF's default, 0.75 ms) before it runs.
+SCHEDULER_SLICE = 0.75e-3
 
 __all__ = ["InvariantViolation", "Workload", "Job", "scenario", "victim_of"]
 
@@ -36,8 +40,11 @@ class Workload:
     """The training loop every rank runs (see the module's docstring)."""
 
     def __init__(self, steps: int = 4, tensors: int = 20, count: int = 1, compute: float = 0.002,
-                 jitter: float = 0.2, mixed: bool = True):
+                 jitter: float = 0.2, mixed: bool = True, exits: bool = True):
         self.steps, self.tensors, self.count, self.compute, self.jitter = steps, tensors, count, compute, jitter
+        # exits: a rank's script ends on HorovodInternalError (as one without elastic does), so its process's exit
+        # takes a core of its host after it failed; an elastic one catches the error and lives on.
+        self.exits = exits
         # mixed: even and odd tensors of two dtypes (two batches a cycle); else float32 only, as a benchmark's loop
         self.arrays = (np.ones(count, np.float32), np.ones(count, np.float64) if mixed else np.ones(count, np.float32))
 
@@ -193,9 +200,37 @@ class Job:
         rank.dead = True
         self.killed.append(index)
         self.fault_at = self.world.now if self.fault_at is None else self.fault_at
-        for peer in sorted(rank.transport.peers | self._listeners_of(index)):
-            delay = self.world.link.hangup + self.world.detection_delay(index, peer, process_only=True)
-            self.world.at(self.world.now + delay, lambda p=peer: self.ranks[p].connection_closed(index, index))
+        held = self._cores.pop(index, None)
+        if held is not None:
+            self.world.hosts[held[0]].free[held[1]] = self.world.now     # its run is cut short
+
+        def hung_up() -> None:
+            for peer in sorted(rank.transport.peers | self._listeners_of(index)):
+                self.world.at(self.world.now + self.world.detection_delay(index, peer, process_only=True),
+                              lambda p=peer: self.ranks[p].connection_closed(index, index))
+        self.process_ends(index, self.world.now, hung_up)
+
+    def process_ends(self, index: int, at: float, then: Optional[Callable[[], None]] = None) -> None:
+        """Rank ``index``'s process ends from ``at`` (killed, or its script exits after it failed): the kernel frees
+        its memory and closes its sockets, ``cpu.exit`` of a core's work that shares its host's cores with the ranks
+        in slices, as the scheduler does; ``then`` runs once it is done."""
+        if not self.world.cpu.exit:
+            self.world.at(at, then or (lambda: None))
+            return
+        self.world.at(at, lambda: self._exit_slice(index, self.world.cpu.exit, then))
+
+    def _exit_slice(self, index: int, left: float, then: Optional[Callable[[], None]]) -> None:
+        host, now = self.world.hosts[self.world.host_of(index)], self.world.now
+        core, start = host.start(now)
+        if start > now:
+            self.world.at(start, lambda: self._exit_slice(index, left, then))
+            return
+        piece = min(left, SCHEDULER_SLICE)
+        host.free[core] = now + piece
+        if left > piece:        # a rank that waits for the core takes it first (it slept: the earlier deadline)
+            self.world.at(now + piece + 1e-9, lambda: self._exit_slice(index, left - piece, then))
+        elif then is not None:
+            self.world.at(now + piece, then)
 
     def _listeners_of(self, index: int):
         return {r.rank for r in self.ranks if index in r.transport.peers}

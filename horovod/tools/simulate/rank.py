@@ -301,6 +301,8 @@ class SimRank:
             self.charge(self.world.cpu.fail)
             self._ask_server(self.job.rendezvous.post_loss)      # the loss board, before it hangs up
             self.job.rank_failed(self)
+            if self.job.workload.exits:
+                self.job.process_ends(self.rank, self._clock)
         self.job.run_ended(self, self._clock)
 
     def _boot(self) -> None:

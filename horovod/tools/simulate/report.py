@@ -79,6 +79,8 @@ def _lifecycle(size, seed, slots, cores, tensors, env, cpu, link, startup, detec
     """Start-up to the first result, and an elastic reset around the lost rank's ``detect``."""
     first = scenario(size, seed, slots, cores, Workload(steps=1, tensors=tensors, compute=0.0, jitter=0.0),
                      env=env, cpu=cpu, link=link, startup=startup)
+    # The lost-rank run's survivors exit once they raised and an elastic job's live on; with a core per rank (the
+    # table's hosts) the ends take hardly any survivor's core, so its detection serves both.
     reset = reset_seconds(size, slots, cores, cpu, link, startup, seed=seed, detect=detect)["reset_s"]
     return {"startup_s": first.step_done[0], "rendezvous_requests": first.rendezvous.requests, "reset_s": reset}
 

@@ -44,6 +44,9 @@ class StartupModel:
     request: float = 150e-6         # the server's CPU per request (a registration, or an ask for every record)
     record: int = 120               # bytes of one rank's record in every answer
     serve_bandwidth: float = 1e9    # bytes per second the server writes answers at
+    # An elastic reset's survivor starting its engine again (threads, listener, transport): fitted to a measured reset
+    # by bench/elastic_reset.py (a first start folds it into ``boot``).
+    reinit: float = 0.0
 
     def spawned_at(self, local_index: int, host: int) -> float:
         """When the ``local_index``-th rank of ``host`` starts (host 0 is the launcher's)."""

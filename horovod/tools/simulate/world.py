@@ -5,8 +5,10 @@ it waits for arrives; nothing here reads the wall clock or the OS's randomness, 
 A rank's run (from one resume to its next wait) takes a core of its host for the CPU the model charges it: a
 wake-up, plus a cost per frame and per byte it reads or writes. A wake-up after other processes of its host ran also
 refills the caches they took: ``CpuModel.cold`` (a rank's op with its caches emptied) times the share of a full
-refill that the machine's curve (``CpuModel.sharing``) gives for that many distinct other processes per core. A
-frame leaves when its sender's clock says it was sent and arrives a link's latency and its bytes' transfer time
+refill that the machine's curve (``CpuModel.sharing``) gives for that many distinct other processes per core (past
+one full refill, each further share at the curve's own process's refill, ``CpuModel.beyond``). A process's end (a
+killed rank's, or a failed rank's whose script exits) takes ``CpuModel.exit`` of its host's cores, in slices shared
+with the ranks (:meth:`~horovod.tools.simulate.job.Job.process_ends`). A frame leaves when its sender's clock says it was sent and arrives a link's latency and its bytes' transfer time
 later, plus whatever delay a fault adds. Delays make frames of different connections overtake each other. The
 network may also duplicate a frame or let a later one of the same connection overtake it (faults of the packets
 below TCP); the simulated connection numbers its frames and delivers each once and in order, as TCP does
@@ -40,24 +42,36 @@ class CpuModel:
     fail: float = 300e-6         # failing: the error raised through the engine, every handle failed, the hang-up
     submit: float = 0.0          # the caller's per request: submitting it (checks, a handle) and waiting for it
     cold: float = 0.0            # a wake-up whose caches were emptied: refilling what a rank's op touches
+    # A rank's process ending, killed or after its script raised: the kernel frees its memory and closes its sockets,
+    # on a core of its host (its sockets close when that is done).
+    exit: float = 0.0
     # The machine's curve: (distinct other processes of the host that ran since a process last ran, per core; the
     # share of a full refill its wake-up then pays), from bench/core_sharing.py; empty: caches never go cold.
     sharing: Tuple[Tuple[float, float], ...] = ()
+    # Past one full refill, what a further share of it costs: the curve's own process's full refill (a rank's
+    # larger caches are refilled by then; the scheduler's and the kernel's work per wake-up still grows). 0: ``cold``.
+    beyond: float = 0.0
 
     def refill(self, others: float) -> float:
         """The CPU a wake-up pays to refill the caches after ``others`` distinct processes per core ran since
-        (log-interpolated between the curve's points; its last share past them)."""
+        (log-interpolated between the curve's points; its last share past them). A share past one full refill is
+        charged at ``beyond`` a share: what still grows then is the machine's own work per wake-up, not the caches
+        of the process that wakes."""
+        share = self._share(others)
+        return self.cold * min(share, 1.0) + (self.beyond or self.cold) * max(share - 1.0, 0.0)
+
+    def _share(self, others: float) -> float:
         if not self.cold or not self.sharing or others <= 0:
             return 0.0
         points = self.sharing
         if others >= points[-1][0]:
-            return self.cold * points[-1][1]
+            return points[-1][1]
         if others <= points[0][0]:
-            return self.cold * points[0][1] * others / points[0][0]
+            return points[0][1] * others / points[0][0]
         at = bisect.bisect_right([x for x, _ in points], others)
         (x0, y0), (x1, y1) = points[at - 1], points[at]
         t = math.log(others / x0) / math.log(x1 / x0)
-        return self.cold * (y0 + t * (y1 - y0))
+        return y0 + t * (y1 - y0)
 
 
 @dataclass(frozen=True)
@@ -69,7 +83,6 @@ class LinkModel:
     remote_latency: float = 50e-6
     remote_bandwidth: float = 1.25e9
     detect: float = 10.0                # seconds until a dead host's peers give up on it (keepalive)
-    hangup: float = 0.0                 # until a killed process's sockets close (the kernel ends the process)
 
 
 @dataclass
