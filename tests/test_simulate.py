@@ -92,7 +92,7 @@ def test_cached_cycles_cost_each_rank_a_bounded_number_of_frames_at_1024_ranks()
 
 
 @many_ranks
-def test_calibration_recovers_the_costs_it_is_fitted_to_and_prints_the_rest_beside_the_measurements(tmp_path):
+def test_calibration_recovers_the_costs_it_is_fitted_to_and_prints_the_rest_beside_the_measurements(tmp_path, capsys):
     # "Measured" figures made by the simulation with known costs: fitted from np 2 and 4 only, every np comes back.
     import dataclasses
     from horovod.tools.simulate import calibration
@@ -113,6 +113,7 @@ def test_calibration_recovers_the_costs_it_is_fitted_to_and_prints_the_rest_besi
     results.write_text(json.dumps({"meta": {"cores": 2}, "medians": {
         str(n): {name: measured[name][n] * units[name] for name in measured} for n in (2, 4, 8)}}))
     assert calibration.main([str(results)]) == 0
+    assert "within 25 %: 4 of the 4 cells not fitted" in capsys.readouterr().out
 
 
 @pytest.mark.unit

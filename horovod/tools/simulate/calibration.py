@@ -272,7 +272,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cores = args.cores or int(saved["meta"].get("cores") or 2)
     costs = fit_saved(source, cores, list(measured), sharing)
     print(f"fitted{' to ' + args.fit_from if args.fit_from else ''}: {describe(costs)}", file=sys.stderr)
-    print(table(predict(measured, cores, costs, exits_of(saved))))
+    rows = predict(measured, cores, costs, exits_of(saved))
+    print(table(rows))
+    checked = [r for r in rows if not r["fitted"]]
+    print(f"\nwithin 25 %: {sum(abs(r['error']) <= 0.25 for r in checked)} of the {len(checked)} cells not fitted")
     return 0
 
 
