@@ -129,7 +129,7 @@ def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()
             costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, boot=boot, launch=launch))
     detect = measured.get("detect_ms", {})
     if 4 in detect:
-        for _ in range(3 if 2 in detect else 1):    # the kernel's hang-up from np 2, failing's CPU from np 4
+        for _ in range(3 if 2 in detect else 1):    # a process's end from np 2, failing's CPU from np 4
             if 2 in detect:
                 ended = _solve(lambda x: detect_seconds(2, cores, _with_cpu(costs, exit=x), exits), detect[2],
                                1e-6, 1.0)
@@ -158,10 +158,6 @@ def _fit_loops(measured: Dict[str, Dict[int, float]], cores: int, costs: Costs) 
             submit = _solve(lambda x: cycle_seconds(2, cores, _with_cpu(costs, submit=x)), cycle[2], 1e-8, 1e-3)
             costs = _with_cpu(costs, submit=submit)
     return costs
-
-
-def _with_link(costs: Costs, **changes) -> Costs:
-    return dataclasses.replace(costs, link=dataclasses.replace(costs.link, **changes))
 
 
 def _with_cpu(costs: Costs, **changes) -> Costs:
