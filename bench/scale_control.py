@@ -15,12 +15,13 @@ For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings
   less the loop's median op); with ``--evict MIB`` it writes MIB of its own memory before each op of that loop, so
   the failure runs with its caches emptied.
 
-The 4 B and 20-name figures are the median of a loop of about ``--seconds`` after a warm-up of half as long. Each figure of the table is the median
-over repeats. Once per run of this script it also measures the rendezvous server alone (``server_request_us`` in the
-JSON's meta): its CPU per request while a client process sends it 400 registrations, the simulation's start-up and
-loss-board cost per request. ``python -m horovod.tools.simulate.calibration bench/figures/scale-control.json`` fits the simulation to
-np 2 and 4 and prints its prediction of every other np beside these measurements (docs/scaling.md). Every run has a
-hard timeout and whatever it started is ended by pid (this process is its descendants' subreaper).
+The 4 B and 20-name figures are the median of a loop of about ``--seconds`` after a warm-up of half as long. Each
+figure of the table is the median over repeats, which go round the sizes in turn. Once per run of this script it also
+measures the rendezvous server alone (``server_request_us`` in the JSON's meta): its CPU per request while a client
+process sends it 400 registrations, the simulation's start-up and loss-board cost per request. ``python -m
+horovod.tools.simulate.calibration bench/figures/scale-control.json`` fits the simulation to np 2 and 4 and prints its
+prediction of every other np beside these measurements (docs/scaling.md). Every run has a hard timeout and whatever
+it started is ended by pid (this process is its descendants' subreaper).
 """
 
 from __future__ import annotations
@@ -250,8 +251,10 @@ def main(argv=None) -> int:
     meta["server_request_us"] = server_request_seconds() * 1e6
     meta["linger"], meta["evict_mib"] = args.linger, args.evict
     print(f"rendezvous server: {meta['server_request_us']:.0f} us of CPU per request", file=sys.stderr, flush=True)
-    for np_ in [int(n) for n in args.np.split(",")]:
-        for repeat in range(args.repeats):
+    # Repeats go round every size in turn, so that the machine drifting during the run (its speed moved by a third
+    # within an hour) reaches the fitted np 2 and 4 and the predicted sizes alike.
+    for repeat in range(args.repeats):
+        for np_ in [int(n) for n in args.np.split(",")]:
             print(f"[np {np_}] run {repeat + 1}/{args.repeats}: starting", file=sys.stderr, flush=True)
             figures = run_one(np_, args)
             shown = figures.get("error") or ", ".join(f"{k} {figures[k]:.4g}" for k in FIGURES)
