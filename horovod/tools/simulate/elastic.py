@@ -50,7 +50,8 @@ def reset_seconds(size: int, slots: int = 8, cores: int = 8, cpu: CpuModel = Cpu
     round_s = survivors * 3 * startup.request + 2 * remote
     mesh = scenario(survivors, seed, slots, cores, Workload(steps=1, tensors=20, compute=0.0, jitter=0.0),
                     cpu=cpu, link=link,
-                    startup=dataclasses.replace(startup, launch=0.0, spawn=0.0, remote=0.0, boot=startup.reinit if reinit is None else reinit))
+                    startup=dataclasses.replace(startup, launch=0.0, spawn=0.0, remote=0.0,
+                                                boot=startup.reinit if reinit is None else reinit))
     first = mesh.step_done[0]
     bandwidth = link.remote_bandwidth if survivors > slots else link.local_bandwidth
     broadcast = state_bytes / bandwidth + math.ceil(math.log2(max(survivors, 2))) * remote if state_bytes else 0.0
