@@ -125,11 +125,8 @@ def predicted(n: int, costs, reinit: float = 0.0) -> float:
 
 def fit_reinit(n: int, measured: float, costs) -> float:
     """The re-initialisation's CPU per survivor at which the simulated reset of ``n`` ranks meets ``measured``."""
-    low, high = 1e-6, 1.0
-    for _ in range(30):
-        middle = (low * high) ** 0.5
-        low, high = (middle, high) if predicted(n, costs, middle) < measured else (low, middle)
-    return (low * high) ** 0.5
+    from horovod.tools.simulate.calibration import solve
+    return solve(lambda x: predicted(n, costs, x), measured, 1e-6, 1.0)
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,7 @@ from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
 __all__ = ["Costs", "allreduce_4b_seconds", "cycle_seconds", "startup_seconds", "detect_seconds", "FIGURES",
-           "fit", "fit_saved", "exits_of", "predict", "table", "measured_figures", "describe", "main"]
+           "solve", "fit", "fit_saved", "exits_of", "predict", "table", "measured_figures", "describe", "main"]
 
 _WARM = 3                   # steps left out of a loop's time: new names, the first cycles
 
@@ -98,7 +98,7 @@ _LABEL = {"first_s": "start-up, s", "ar4_us": "4 B allreduce, µs", "cycle20_us"
           "detect_ms": "killed rank detected, ms"}
 
 
-def _solve(measure: Callable[[float], float], target: float, low: float, high: float) -> float:
+def solve(measure: Callable[[float], float], target: float, low: float, high: float) -> float:
     """The ``x`` in [low, high] at which the increasing ``measure(x)`` meets ``target`` (bisection in log space)."""
     for _ in range(24):
         middle = (low * high) ** 0.5
@@ -122,19 +122,19 @@ def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()
     first = measured.get("first_s", {})
     if 2 in first and 4 in first:
         for _ in range(3):      # boot from the difference (two more ranks share the cores), the launch from np 2
-            boot = _solve(lambda x: _with_startup(startup_seconds, 4, cores, costs, boot=x) -
+            boot = solve(lambda x: _with_startup(startup_seconds, 4, cores, costs, boot=x) -
                           _with_startup(startup_seconds, 2, cores, costs, boot=x), first[4] - first[2], 1e-4, 10.0)
-            launch = _solve(lambda x: _with_startup(startup_seconds, 2, cores, costs, boot=boot, launch=x),
+            launch = solve(lambda x: _with_startup(startup_seconds, 2, cores, costs, boot=boot, launch=x),
                             first[2], 1e-4, 10.0)
             costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, boot=boot, launch=launch))
     detect = measured.get("detect_ms", {})
     if 4 in detect:
         for _ in range(3 if 2 in detect else 1):    # a process's end from np 2, failing's CPU from np 4
             if 2 in detect:
-                ended = _solve(lambda x: detect_seconds(2, cores, _with_cpu(costs, exit=x), exits), detect[2],
+                ended = solve(lambda x: detect_seconds(2, cores, _with_cpu(costs, exit=x), exits), detect[2],
                                1e-6, 1.0)
                 costs = _with_cpu(costs, exit=ended)
-            fail = _solve(lambda x: detect_seconds(4, cores, _with_cpu(costs, fail=x), exits), detect[4], 1e-6, 1.0)
+            fail = solve(lambda x: detect_seconds(4, cores, _with_cpu(costs, fail=x), exits), detect[4], 1e-6, 1.0)
             costs = _with_cpu(costs, fail=fail)
     return costs
 
@@ -148,14 +148,14 @@ def _fit_loops(measured: Dict[str, Dict[int, float]], cores: int, costs: Costs) 
     base, factor, submit = costs.cpu, 1.0, costs.cpu.submit
     for _ in range(3):
         cpu = dataclasses.replace(_scaled(base, factor), submit=submit)
-        local = _solve(lambda x: allreduce_4b_seconds(2, cores, dataclasses.replace(
+        local = solve(lambda x: allreduce_4b_seconds(2, cores, dataclasses.replace(
             costs, cpu=cpu, link=dataclasses.replace(costs.link, local_latency=x))), ar4[2], 1e-7, 1e-2)
         costs = dataclasses.replace(costs, link=dataclasses.replace(costs.link, local_latency=local))
-        factor = _solve(lambda x: allreduce_4b_seconds(4, cores, dataclasses.replace(
+        factor = solve(lambda x: allreduce_4b_seconds(4, cores, dataclasses.replace(
             costs, cpu=dataclasses.replace(_scaled(base, x), submit=submit))), ar4[4], 1e-3, 1e3)
         costs = dataclasses.replace(costs, cpu=dataclasses.replace(_scaled(base, factor), submit=submit))
         if 2 in cycle:
-            submit = _solve(lambda x: cycle_seconds(2, cores, _with_cpu(costs, submit=x)), cycle[2], 1e-8, 1e-3)
+            submit = solve(lambda x: cycle_seconds(2, cores, _with_cpu(costs, submit=x)), cycle[2], 1e-8, 1e-3)
             costs = _with_cpu(costs, submit=submit)
     return costs
 
