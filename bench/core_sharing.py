@@ -14,7 +14,9 @@ Two measurements, neither of which runs a job of the sizes the simulation predic
 - **What a full refill costs a rank.** ``bench/rank_cpu.py --np 4 --evict MIB``: a loop of 4 B allreduces at np 4,
   each rank's CPU per op, as is and with the same eviction before each op; the mean difference is ``rank_cold_us``.
 
-The JSON (default ``bench/figures/core-sharing.json``) holds both and ``sharing``: (other processes per core, share)
+It also records the kernel's tick and preemption model (``kernel_hz``, ``preempt`` in the meta), which decide how
+long a process's end keeps a core from the ranks. The JSON (default ``bench/figures/core-sharing.json``) holds both
+and ``sharing``: (other processes per core, share)
 pairs, which ``python -m horovod.tools.simulate.calibration RESULTS --sharing FILE`` gives the simulation.
 Every process this starts is ended by pid before it returns.
 """
@@ -118,6 +120,23 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def kernel_scheduler() -> dict:
+    """The kernel's tick (CONFIG_HZ) and preemption model (the boot's ``preempt=`` over the build's), which decide
+    how long a process's end, kernel work, keeps a core from a woken rank; {} where /proc does not say."""
+    import gzip
+    try:
+        with gzip.open("/proc/config.gz", "rt") as handle:
+            config = dict(line.strip().split("=", 1) for line in handle if line.startswith("CONFIG_"))
+        with open("/proc/cmdline") as handle:
+            boot = dict(arg.split("=", 1) for arg in handle.read().split() if arg.startswith("preempt="))
+    except (OSError, ValueError):
+        return {}
+    built = next((mode for mode in ("none", "voluntary", "lazy") if config.get(f"CONFIG_PREEMPT_{mode.upper()}") ==
+                  "y"), "full" if config.get("CONFIG_PREEMPT") == "y" else None)
+    preempt = boot.get("preempt", built)
+    return {"kernel_hz": int(config["CONFIG_HZ"]), "preempt": preempt} if "CONFIG_HZ" in config and preempt else {}
+
+
 def rank_cold_seconds(evict_mib: int) -> float:
     """What emptying the caches before each op adds to a rank's CPU per op at np 4 (bench/rank_cpu.py)."""
     out = subprocess.run([sys.executable, os.path.join(HERE, "rank_cpu.py"), "--np", "4", "--evict", str(evict_mib)],
@@ -139,7 +158,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from scale import _meta       # the machine, versions, commit and load, as the other scale benchmarks record them
     meta = {**_meta(argparse.Namespace(binding="numpy", repeats=args.repeats)), "tokens": TOKENS,
-            "seconds": args.seconds, "evict_mib": args.evict}
+            "seconds": args.seconds, "evict_mib": args.evict, **kernel_scheduler()}
     cores = os.cpu_count() or 1
     sizes = sorted({2, *(int(n) for n in args.np.split(","))})
     runs: dict = {n: [] for n in sizes}

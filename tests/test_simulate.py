@@ -114,6 +114,11 @@ def test_calibration_recovers_the_costs_it_is_fitted_to_and_prints_the_rest_besi
         str(n): {name: measured[name][n] * units[name] for name in measured} for n in (2, 4, 8)}}))
     assert calibration.main([str(results)]) == 0
     assert "within 25 %: 4 of the 4 cells not fitted" in capsys.readouterr().out
+    # Where np 4's run measured failing's CPU (the bench's fail_cpu_us), the fit takes it and finds the end from np 2.
+    kill = {"detect_ms": measured["detect_ms"]}
+    known = calibration.fit(kill, 2, dataclasses.replace(costs, cpu=dataclasses.replace(cpu, exit=0.0)),
+                            failing=450e-6)
+    assert known.cpu.fail == 450e-6 and known.cpu.exit == pytest.approx(3e-3, rel=0.02)
 
 
 @pytest.mark.unit
@@ -155,7 +160,7 @@ def test_a_wake_up_refills_the_caches_by_the_machines_curve_for_the_processes_th
     from horovod.tools.simulate.calibration import _scaled
     scaled = _scaled(cpu, 2.0)
     assert scaled.wake == 2 * cpu.wake and scaled.frame == 2 * cpu.frame
-    assert (scaled.cold, scaled.sharing, scaled.beyond) == (cpu.cold, cpu.sharing, cpu.beyond)
+    assert (scaled.cold, scaled.sharing, scaled.beyond, scaled.tick) == (cpu.cold, cpu.sharing, cpu.beyond, cpu.tick)
     # Sixteen ranks on two cores pay it; two ranks with a core each (half a process per core ran since) pay nothing.
     from horovod.tools.simulate.calibration import Costs, allreduce_4b_seconds
     cold, warm = Costs(cpu=cpu), Costs()
@@ -168,14 +173,19 @@ def test_a_killed_rank_hangs_up_once_its_process_ended_and_each_failed_survivors
     from horovod.tools.simulate.calibration import Costs, detect_seconds
     from horovod.tools.simulate.job import SCHEDULER_SLICE
     from horovod.tools.simulate.world import CpuModel
-    ends = Costs(cpu=CpuModel(exit=5e-3, fail=50e-6))
+    ends = Costs(cpu=CpuModel(exit=5e-3, fail=50e-6, tick=0.0))       # a fully preemptible kernel
+    at_tick = Costs(cpu=CpuModel(exit=5e-3, fail=50e-6, tick=4e-3))   # one preempted at its 250 Hz tick
     # Two ranks, a core each: the survivor sees the hang-up once the killed process's 5 ms end ran, then raises.
     assert 5e-3 <= detect_seconds(2, 2, ends) < 5e-3 + 1e-3
+    assert detect_seconds(2, 2, at_tick) == pytest.approx(detect_seconds(2, 2, ends))
     # Four ranks on two cores: the survivors that raised first exit, and their ends take both cores in slices; the
     # last survivor runs within a slice or so, not after a whole exit (5 ms) as it would if an exit held its core.
     assert detect_seconds(4, 2, ends) < 5e-3 + 2 * SCHEDULER_SLICE + 1e-3
-    # Sixteen ranks on two cores: the exits of the first fifteen take the cores the last survivors need; when the
-    # survivors live on (an elastic job's), the figure leaves them out.
+    # Where the kernel gives way only at its tick, an end keeps the core to the next tick past its slice.
+    assert detect_seconds(4, 2, ends) < detect_seconds(4, 2, at_tick) < 5e-3 + 2 * (4e-3 + SCHEDULER_SLICE) + 1e-3
+    # Sixteen ranks on two cores: the exits of the first fifteen take the cores the last survivors need (the more
+    # so at the tick); when the survivors live on (an elastic job's), the figure leaves them out.
     lingering = detect_seconds(16, 2, ends, exits=False)
-    assert detect_seconds(16, 2, ends) > lingering * 1.3
+    assert detect_seconds(16, 2, at_tick) > detect_seconds(16, 2, ends) > lingering * 1.3
+    assert detect_seconds(16, 2, at_tick, exits=False) == pytest.approx(lingering, rel=0.05)
     assert detect_seconds(16, 2, Costs(cpu=CpuModel(fail=50e-6))) < lingering

@@ -13,13 +13,15 @@ raised) it fits seven numbers to np 2 and np 4 only, each from the figure it gov
   launcher's own start from np 2's;
 - the caller's CPU per request (submitting it and waiting for it), from np 2's cached cycle of 20 names;
 - what a rank's process ending costs a core (the kernel frees its memory and closes its sockets: the killed rank's
-  sockets close when it is done), from np 2's detection time, and what failing costs a rank (the error raised through
-  the engine, every handle failed, the hang-up), from np 4's, in turn until both settle. A survivor that raised
-  exits too (the benchmark's script ends on the error), and its end shares the cores with the survivors that have
-  not raised yet; with the benchmark's ``--linger`` they stay alive instead, as an elastic job's do.
+  sockets close when it is done), from np 2's detection time; what failing costs a rank (the error raised through
+  the engine, every handle failed, the hang-up) as np 4's survivors measured it (the bench's ``fail_cpu_us``), or,
+  in runs without that record, from np 4's detection time, the two in turn until both settle. A survivor that
+  raised exits too (the benchmark's script ends on the error), and its end shares the cores with the survivors that
+  have not raised yet; with the benchmark's ``--linger`` they stay alive instead, as an elastic job's do.
 
 With ``--sharing`` (``bench/core_sharing.py``'s JSON, measured on the same machine) a wake-up also refills the
-caches that the processes which ran since took: the machine's curve, and a rank's full refill measured at np 4.
+caches that the processes which ran since took: the machine's curve, and a rank's full refill measured at np 4; and
+the kernel's tick and preemption model it recorded say how long a process's end keeps a core (``CpuModel.tick``).
 
 It then simulates every measured np with those costs and prints the four figures predicted beside the measured ones,
 with the error. ``bench/scale.py``'s JSON works too (start-up and the 4 B allreduce only). With ``--fit-from OTHER``
@@ -110,14 +112,17 @@ def solve(measure: Callable[[float], float], target: float, low: float, high: fl
 
 
 def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
-    # The refill is measured on its own (bench/core_sharing.py), not scaled with the costs the fit sets.
+    # The refill is measured on its own (bench/core_sharing.py), and the tick is the kernel's: neither scales with the
+    # costs the fit sets.
     return dataclasses.replace(cpu, **{f.name: getattr(cpu, f.name) * factor for f in dataclasses.fields(CpuModel)
-                                       if f.name not in ("cold", "sharing", "beyond")})
+                                       if f.name not in ("cold", "sharing", "beyond", "tick")})
 
 
-def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs(), exits: bool = True) -> Costs:
+def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs(), exits: bool = True,
+        failing: Optional[float] = None) -> Costs:
     """The costs fitted to np 2 and 4 of ``measured`` (figure -> np -> seconds); figures it lacks keep ``base``'s
-    (``exits``: whether the kill's survivors exited once they raised)."""
+    (``exits``: whether the kill's survivors exited once they raised; ``failing``: a survivor's CPU for the op that
+    raised, where np 4's run measured it)."""
     costs = _fit_loops(measured, cores, base)
     first = measured.get("first_s", {})
     if 2 in first and 4 in first:
@@ -127,13 +132,22 @@ def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs()
             launch = solve(lambda x: _with_startup(startup_seconds, 2, cores, costs, boot=boot, launch=x),
                             first[2], 1e-4, 10.0)
             costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, boot=boot, launch=launch))
-    detect = measured.get("detect_ms", {})
-    if 4 in detect:
-        for _ in range(3 if 2 in detect else 1):    # a process's end from np 2, failing's CPU from np 4
-            if 2 in detect:
-                ended = solve(lambda x: detect_seconds(2, cores, _with_cpu(costs, exit=x), exits), detect[2],
-                               1e-6, 1.0)
-                costs = _with_cpu(costs, exit=ended)
+    return _fit_kill(measured.get("detect_ms", {}), cores, costs, exits, failing)
+
+
+def _fit_kill(detect: Dict[int, float], cores: int, costs: Costs, exits: bool, failing: Optional[float]) -> Costs:
+    """A process's end from np 2's kill; failing's CPU as measured, else from np 4's kill, the two in turn. (np 4's
+    kill alone decides failing badly: a run of 7.8 ms against one of 10.9 moves it from 0.6 ms to 3.2 and the
+    prediction at 8-128 ranks by some 40 points, where the measured CPU varies by a tenth.)"""
+    if failing is not None:
+        costs = _with_cpu(costs, fail=failing)
+    elif 4 not in detect:
+        return costs
+    for _ in range(3 if 2 in detect and failing is None else 1):
+        if 2 in detect:
+            ended = solve(lambda x: detect_seconds(2, cores, _with_cpu(costs, exit=x), exits), detect[2], 1e-6, 1.0)
+            costs = _with_cpu(costs, exit=ended)
+        if failing is None:
             fail = solve(lambda x: detect_seconds(4, cores, _with_cpu(costs, fail=x), exits), detect[4], 1e-6, 1.0)
             costs = _with_cpu(costs, fail=fail)
     return costs
@@ -215,9 +229,18 @@ def fit_saved(saved: dict, cores: int = 0, figures: Sequence[str] = tuple(FIGURE
     if sharing:
         ring_refill = sharing["ring_evicted_us"] - sharing["ring_us"]["2"]     # the curve's own full refill
         base = _with_cpu(base, cold=sharing["rank_cold_us"] * 1e-6, beyond=ring_refill * 1e-6,
-                         sharing=tuple((float(x), float(y)) for x, y in sharing["sharing"]))
+                         sharing=tuple((float(x), float(y)) for x, y in sharing["sharing"]), **_tick(sharing["meta"]))
     measured = {k: v for k, v in measured_figures(saved).items() if k in figures}
-    return fit(measured, cores or int(saved["meta"].get("cores") or 2), base, exits=exits_of(saved))
+    failing = saved["medians"].get("4", {}).get("fail_cpu_us") if "detect_ms" in figures else None
+    return fit(measured, cores or int(saved["meta"].get("cores") or 2), base, exits=exits_of(saved),
+               failing=failing and failing * 1e-6)
+
+
+def _tick(meta: dict) -> dict:
+    # The kernel that bench/core_sharing.py ran on (older JSONs lack it: CpuModel's default, this VM's kernel).
+    if "kernel_hz" not in meta:
+        return {}
+    return {"tick": 0.0 if meta.get("preempt") == "full" else 1.0 / meta["kernel_hz"]}
 
 
 def exits_of(saved: dict) -> bool:
@@ -245,7 +268,8 @@ def describe(costs: Costs) -> str:
             f"a request {costs.cpu.submit * 1e6:.1f} us, loopback latency {costs.link.local_latency * 1e6:.1f} us, "
             f"boot {costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
             f"{costs.startup.request * 1e6:.0f} us a request"
-            + (f", a cold op {costs.cpu.cold * 1e6:.0f} us" if costs.cpu.cold and costs.cpu.sharing else ""))
+            + (f", a cold op {costs.cpu.cold * 1e6:.0f} us" if costs.cpu.cold and costs.cpu.sharing else "")
+            + (f", ends preempted at the {costs.cpu.tick * 1e3:g} ms tick" if costs.cpu.tick else ""))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

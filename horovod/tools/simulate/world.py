@@ -45,6 +45,10 @@ class CpuModel:
     # A rank's process ending, killed or after its script raised: the kernel frees its memory and closes its sockets,
     # on a core of its host (its sockets close when that is done).
     exit: float = 0.0
+    # The host kernel's scheduler tick (1 / CONFIG_HZ) where its own work is preempted only at a tick (preemption
+    # none, voluntary or lazy): a process's end, kernel work, runs on from its base slice to the next tick before a
+    # woken rank gets the core. 0: preempted at the slice (a fully preemptible kernel).
+    tick: float = 4e-3
     # The machine's curve: (distinct other processes of the host that ran since a process last ran, per core; the
     # share of a full refill its wake-up then pays), from bench/core_sharing.py; empty: caches never go cold.
     sharing: Tuple[Tuple[float, float], ...] = ()
