@@ -30,7 +30,7 @@ from horovod.tools.simulate.world import CpuModel, Faults, LinkModel, World
 # A long run of the kernel's (a process ending) shares a core with woken ranks: it gives the core up once it ran a base
 # slice of the Linux scheduler (EEVDF's default, 0.75 ms), at the next scheduler tick where the kernel is preempted only
 # there (``CpuModel.tick``; this VM: no preemption, 250 Hz). Given up at the slice, the last survivor of a kill at 8-128
-# ranks raised 16-56 % sooner than measured on three days; at the tick, within 25 % on all of them (docs/scaling.md).
+# ranks raised 21-49 % sooner than measured on three days; at the tick, within 25 % on all of them (docs/scaling.md).
 SCHEDULER_SLICE = 0.75e-3
 
 __all__ = ["InvariantViolation", "Workload", "Job", "scenario", "victim_of"]
