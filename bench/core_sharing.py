@@ -13,8 +13,6 @@ Two measurements, neither of which runs a job of the sizes the simulation predic
   ``N - 1`` others ran pays the share ``(cost(N) - cost(2)) / (cost evicted - cost(2))`` of a full refill.
 - **What a full refill costs a rank.** ``bench/rank_cpu.py --np 4 --evict MIB``: a loop of 4 B allreduces at np 4,
   each rank's CPU per op, as is and with the same eviction before each op; the mean difference is ``rank_cold_us``.
-  The same for a cycle of 20 names (``--names 20``, the cached cycle bench/scale_control.py times) is
-  ``rank_cold_cycle_us``: the names' own entries, handles and responses, refilled too.
 
 It also records the kernel's tick and preemption model (``kernel_hz``, ``preempt`` in the meta), which decide how
 long a process's end keeps a core from the ranks. The JSON (default ``bench/figures/core-sharing.json``) holds both
@@ -37,7 +35,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 TOKENS = 2
-CYCLE_NAMES = 20        # bench/scale_control.py's cached cycle
 
 _CHILD = r'''
 import os, socket, sys, time
@@ -140,11 +137,10 @@ def kernel_scheduler() -> dict:
     return {"kernel_hz": int(config["CONFIG_HZ"]), "preempt": preempt} if "CONFIG_HZ" in config and preempt else {}
 
 
-def rank_cold_seconds(evict_mib: int, names: int = 1) -> float:
-    """What emptying the caches before each op adds to a rank's CPU per op at np 4 (bench/rank_cpu.py; an op of
-    ``names`` async allreduces, then the wait)."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "rank_cpu.py"), "--np", "4", "--evict", str(evict_mib),
-                          "--names", str(names)], capture_output=True, text=True, timeout=600)
+def rank_cold_seconds(evict_mib: int) -> float:
+    """What emptying the caches before each op adds to a rank's CPU per op at np 4 (bench/rank_cpu.py)."""
+    out = subprocess.run([sys.executable, os.path.join(HERE, "rank_cpu.py"), "--np", "4", "--evict", str(evict_mib)],
+                         capture_output=True, text=True, timeout=600)
     rows = [line for line in out.stdout.splitlines() if "with the caches emptied" in line]
     if out.returncode or not rows:
         raise RuntimeError(f"bench/rank_cpu.py failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
@@ -177,9 +173,8 @@ def main(argv=None) -> int:
               f"{runs['evicted'][-1] * 1e6:.1f} us", file=sys.stderr, flush=True)
     per_wake = {n: statistics.median(runs[n]) for n in sizes}
     evicted = statistics.median(runs["evicted"])
-    cold, cycle_cold = rank_cold_seconds(args.evict), rank_cold_seconds(args.evict, CYCLE_NAMES)
-    print(f"a rank's op at np 4 with its caches emptied: {cold * 1e6:.0f} us more; a cycle of {CYCLE_NAMES} names: "
-          f"{cycle_cold * 1e6:.0f} us more", file=sys.stderr)
+    cold = rank_cold_seconds(args.evict)
+    print(f"a rank's op at np 4 with its caches emptied: {cold * 1e6:.0f} us more", file=sys.stderr)
     full = evicted - per_wake[2]
     sharing = [[(n - 1) / cores, max(0.0, (per_wake[n] - per_wake[2]) / full)] for n in sizes]
     for (others, share), n in zip(sharing, sizes):
@@ -187,9 +182,7 @@ def main(argv=None) -> int:
     with open(args.json, "w") as handle:
         json.dump({"meta": meta, "ring_us": {str(n): v * 1e6 for n, v in per_wake.items()},
                    "runs_us": {str(k): [v * 1e6 for v in vs] for k, vs in runs.items()},
-                   "ring_evicted_us": evicted * 1e6, "rank_cold_us": cold * 1e6,
-                   "rank_cold_cycle_us": cycle_cold * 1e6, "cycle_names": CYCLE_NAMES, "sharing": sharing}, handle,
-                  indent=1)
+                   "ring_evicted_us": evicted * 1e6, "rank_cold_us": cold * 1e6, "sharing": sharing}, handle, indent=1)
     return 0
 
 

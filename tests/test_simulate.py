@@ -153,14 +153,6 @@ def test_a_wake_up_refills_the_caches_by_the_machines_curve_for_the_processes_th
     assert 20e-6 < cpu.refill(3.0) < 60e-6                                 # between points, in log of the count
     # Past one full refill a further share costs the curve's own process's refill, when it is given.
     assert CpuModel(cold=100e-6, sharing=curve, beyond=20e-6).refill(100) == pytest.approx(100e-6 + 2 * 20e-6)
-    # Each name a run decides adds its part of the refill by the same share, never past a full one.
-    named = CpuModel(cold=100e-6, cold_name=3e-6, sharing=curve)
-    assert named.refill_names(0, 20) == 0.0 and named.refill_names(100, 20) == pytest.approx(20 * 3e-6)
-    # The fit splits a rank's measured full refills (an op of one name, a cycle of 20) into the op's and each name's.
-    from horovod.tools.simulate.calibration import _colds
-    colds = _colds({"rank_cold_us": 157.0, "rank_cold_cycle_us": 214.0, "cycle_names": 20})
-    assert colds["cold_name"] == pytest.approx(3e-6) and colds["cold"] + colds["cold_name"] == pytest.approx(157e-6)
-    assert _colds({"rank_cold_us": 157.0}) == {"cold": 157e-6}
     # A host counts the distinct other ranks that started a run since a rank's last one (not their runs).
     host = Host(0, cores=2)
     assert [host.others_since(r) for r in (0, 1, 2, 1, 1, 0)] == [0, 1, 2, 1, 0, 2]
@@ -168,8 +160,7 @@ def test_a_wake_up_refills_the_caches_by_the_machines_curve_for_the_processes_th
     from horovod.tools.simulate.calibration import _scaled
     scaled = _scaled(cpu, 2.0)
     assert scaled.wake == 2 * cpu.wake and scaled.frame == 2 * cpu.frame
-    assert (scaled.cold, scaled.cold_name, scaled.sharing, scaled.beyond, scaled.tick) == \
-        (cpu.cold, cpu.cold_name, cpu.sharing, cpu.beyond, cpu.tick)
+    assert (scaled.cold, scaled.sharing, scaled.beyond, scaled.tick) == (cpu.cold, cpu.sharing, cpu.beyond, cpu.tick)
     # Sixteen ranks on two cores pay it; two ranks with a core each (half a process per core ran since) pay nothing.
     from horovod.tools.simulate.calibration import Costs, allreduce_4b_seconds
     cold, warm = Costs(cpu=cpu), Costs()

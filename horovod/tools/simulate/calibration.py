@@ -20,8 +20,7 @@ raised) it fits seven numbers to np 2 and np 4 only, each from the figure it gov
   have not raised yet; with the benchmark's ``--linger`` they stay alive instead, as an elastic job's do.
 
 With ``--sharing`` (``bench/core_sharing.py``'s JSON, measured on the same machine) a wake-up also refills the
-caches that the processes which ran since took: the machine's curve, and a rank's full refill measured at np 4 (for
-an op of one name and a cycle of 20: the difference is each name's part); and
+caches that the processes which ran since took: the machine's curve, and a rank's full refill measured at np 4; and
 the kernel's tick and preemption model it recorded say how long a process's end keeps a core (``CpuModel.tick``).
 
 It then simulates every measured np with those costs and prints the four figures predicted beside the measured ones,
@@ -116,7 +115,7 @@ def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
     # The refill is measured on its own (bench/core_sharing.py), and the tick is the kernel's: neither scales with the
     # costs the fit sets.
     return dataclasses.replace(cpu, **{f.name: getattr(cpu, f.name) * factor for f in dataclasses.fields(CpuModel)
-                                       if f.name not in ("cold", "cold_name", "sharing", "beyond", "tick")})
+                                       if f.name not in ("cold", "sharing", "beyond", "tick")})
 
 
 def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs(), exits: bool = True,
@@ -229,22 +228,12 @@ def fit_saved(saved: dict, cores: int = 0, figures: Sequence[str] = tuple(FIGURE
         base = dataclasses.replace(base, startup=dataclasses.replace(base.startup, request=request * 1e-6))
     if sharing:
         ring_refill = sharing["ring_evicted_us"] - sharing["ring_us"]["2"]     # the curve's own full refill
-        base = _with_cpu(base, beyond=ring_refill * 1e-6, **_colds(sharing), **_tick(sharing["meta"]),
-                         sharing=tuple((float(x), float(y)) for x, y in sharing["sharing"]))
+        base = _with_cpu(base, cold=sharing["rank_cold_us"] * 1e-6, beyond=ring_refill * 1e-6,
+                         sharing=tuple((float(x), float(y)) for x, y in sharing["sharing"]), **_tick(sharing["meta"]))
     measured = {k: v for k, v in measured_figures(saved).items() if k in figures}
     failing = saved["medians"].get("4", {}).get("fail_cpu_us") if "detect_ms" in figures else None
     return fit(measured, cores or int(saved["meta"].get("cores") or 2), base, exits=exits_of(saved),
                failing=failing and failing * 1e-6)
-
-
-def _colds(sharing: dict) -> dict:
-    # A rank's full refill at np 4 for an op of one name and, where measured, for a cycle of many: the difference is
-    # the names' (older JSONs lack the cycle: no cost per name).
-    one, names = sharing["rank_cold_us"] * 1e-6, sharing.get("cycle_names", 0)
-    if names < 2 or "rank_cold_cycle_us" not in sharing:
-        return {"cold": one}
-    per_name = max(sharing["rank_cold_cycle_us"] * 1e-6 - one, 0.0) / (names - 1)
-    return {"cold": one - per_name, "cold_name": per_name}
 
 
 def _tick(meta: dict) -> dict:
@@ -280,7 +269,6 @@ def describe(costs: Costs) -> str:
             f"boot {costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
             f"{costs.startup.request * 1e6:.0f} us a request"
             + (f", a cold op {costs.cpu.cold * 1e6:.0f} us" if costs.cpu.cold and costs.cpu.sharing else "")
-            + (f" and {costs.cpu.cold_name * 1e6:.1f} us a name" if costs.cpu.cold_name else "")
             + (f", ends preempted at the {costs.cpu.tick * 1e3:g} ms tick" if costs.cpu.tick else ""))
 
 

@@ -338,7 +338,6 @@ class SimRank:
             else:
                 complete(state, entries, results={})     # no data moves: every handle completes with None
                 executed.extend(batch.responses)
-            cpu = self.world.cpu
-            self.charge(cpu.name * len(response.names) + cpu.refill_names(self.others_ran, len(response.names)))
+            self.charge(self.world.cpu.name * len(response.names))
         state.cache.record(executed)
         self.job.cycle_decided(self, self.cycles, tuple(signature))

@@ -6,8 +6,7 @@ A rank's run (from one resume to its next wait) takes a core of its host for the
 plus a cost per frame and per byte it reads or writes. A wake-up after other processes of its host ran also refills
 the caches they took: ``CpuModel.cold`` (a rank's op with its caches emptied) times the share of a full refill that
 the machine's curve (``CpuModel.sharing``) gives for that many distinct other processes per core (past one full
-refill, each further share at the curve's own process's refill, ``CpuModel.beyond``), and the same share of what each
-name it decides adds (``CpuModel.cold_name``). A process's end (a killed
+refill, each further share at the curve's own process's refill, ``CpuModel.beyond``). A process's end (a killed
 rank's, or a failed rank's whose script exits) takes ``CpuModel.exit`` of its host's cores, in slices shared with the
 ranks (:meth:`~horovod.tools.simulate.job.Job.process_ends`). A frame leaves when its sender's clock says it was sent
 and arrives a link's latency and its bytes' transfer time later, plus whatever delay a fault adds. Delays make frames
@@ -43,7 +42,6 @@ class CpuModel:
     fail: float = 300e-6         # failing: the error raised through the engine, every handle failed, the hang-up
     submit: float = 0.0          # the caller's per request: submitting it (checks, a handle) and waiting for it
     cold: float = 0.0            # a wake-up whose caches were emptied: refilling what a rank's op touches
-    cold_name: float = 0.0       # and per name the run decides: its entries, handles and response (cycles of many)
     # A rank's process ending, killed or after its script raised: the kernel frees its memory and closes its sockets,
     # on a core of its host (its sockets close when that is done).
     exit: float = 0.0
@@ -65,11 +63,6 @@ class CpuModel:
         of the process that wakes."""
         share = self._share(others)
         return self.cold * min(share, 1.0) + (self.beyond or self.cold) * max(share - 1.0, 0.0)
-
-    def refill_names(self, others: float, names: int) -> float:
-        """What ``names`` decided names add to a run's refill after ``others`` distinct processes per core ran (at
-        most a full refill's worth: past it, what grows is the machine's work per wake-up, not per name)."""
-        return self.cold_name * min(self._share(others), 1.0) * names if self.cold_name else 0.0
 
     def _share(self, others: float) -> float:
         if not self.cold or not self.sharing or others <= 0:
