@@ -148,6 +148,20 @@ def rank_cold_seconds(evict_mib: int) -> float:
     return sum(extra) / len(extra) * 1e-6
 
 
+def curve(runs: dict, colds, cores: int, meta: dict) -> dict:
+    """The JSON the calibration reads (``--sharing``): from ``runs`` (ring size -> seconds per wake-up of each run,
+    and "evicted": the ring of 2 with its caches emptied) and ``colds`` (each measurement of a rank's full refill),
+    their medians and each size's share of a full refill."""
+    sizes = sorted(n for n in runs if n != "evicted")
+    per_wake = {n: statistics.median(runs[n]) for n in sizes}
+    evicted, cold = statistics.median(runs["evicted"]), statistics.median(colds)
+    full = evicted - per_wake[2]
+    return {"meta": meta, "ring_us": {str(n): v * 1e6 for n, v in per_wake.items()},
+            "runs_us": {str(k): [v * 1e6 for v in vs] for k, vs in runs.items()},
+            "ring_evicted_us": evicted * 1e6, "rank_cold_us": cold * 1e6,
+            "sharing": [[(n - 1) / cores, max(0.0, (per_wake[n] - per_wake[2]) / full)] for n in sizes]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--np", default="2,4,8,16,32,48,64,96,128", help="processes in the ring, comma-separated")
@@ -171,18 +185,13 @@ def main(argv=None) -> int:
         runs["evicted"].append(ring(2, args.seconds, args.evict))
         print(f"[{repeat + 1}/{args.repeats}] ring of 2, {args.evict} MiB written before each wake-up: "
               f"{runs['evicted'][-1] * 1e6:.1f} us", file=sys.stderr, flush=True)
-    per_wake = {n: statistics.median(runs[n]) for n in sizes}
-    evicted = statistics.median(runs["evicted"])
     cold = rank_cold_seconds(args.evict)
     print(f"a rank's op at np 4 with its caches emptied: {cold * 1e6:.0f} us more", file=sys.stderr)
-    full = evicted - per_wake[2]
-    sharing = [[(n - 1) / cores, max(0.0, (per_wake[n] - per_wake[2]) / full)] for n in sizes]
-    for (others, share), n in zip(sharing, sizes):
-        print(f"| {n} | {others:g} | {per_wake[n] * 1e6:.1f} | {share:.2f} |")
+    saved = curve(runs, [cold], cores, meta)
+    for (others, share), n in zip(saved["sharing"], sizes):
+        print(f"| {n} | {others:g} | {saved['ring_us'][str(n)]:.1f} | {share:.2f} |")
     with open(args.json, "w") as handle:
-        json.dump({"meta": meta, "ring_us": {str(n): v * 1e6 for n, v in per_wake.items()},
-                   "runs_us": {str(k): [v * 1e6 for v in vs] for k, vs in runs.items()},
-                   "ring_evicted_us": evicted * 1e6, "rank_cold_us": cold * 1e6, "sharing": sharing}, handle, indent=1)
+        json.dump(saved, handle, indent=1)
     return 0
 
 

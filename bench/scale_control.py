@@ -1,6 +1,7 @@
 """The four control-plane figures the simulation predicts, measured on one host across world sizes (horovod-py only).
 
-    python bench/scale_control.py [--np 2,4,8,16,32,64,128] [--repeats 3] [--linger] [--evict MIB] [--json FILE]
+    python bench/scale_control.py [--np 2,4,8,16,32,64,128] [--repeats 3] [--linger] [--evict MIB] [--curve SECONDS]
+        [--json FILE]
 
 For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings) measures:
 - start-up to the first allreduce's result, the slowest rank's, from the launch;
@@ -14,6 +15,10 @@ For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings
   records what failing cost its process (``fail_cpu_us``, the median over survivors: the CPU of the op that raised
   less the loop's median op); with ``--evict MIB`` it writes MIB of its own memory before each op of that loop, so
   the failure runs with its caches emptied.
+
+With ``--curve`` it also measures the machine's core-sharing curve (bench/core_sharing.py's ring of N processes)
+right before each job of N ranks, so that the curve and the jobs see the machine in the same minutes; the JSON then
+holds it as ``sharing``, which the calibration takes when no ``--sharing`` is given.
 
 The 4 B and 20-name figures are the median of a loop of about ``--seconds`` after a warm-up of half as long. Each
 figure of the table is the median over repeats, which go round the sizes in turn. Once per run of this script it also
@@ -42,7 +47,10 @@ import tempfile  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import core_sharing  # noqa: E402
+
 CYCLE_NAMES = 20
+CURVE_EVICT_MIB = 16        # as bench/core_sharing.py empties the caches
 FIGURES = ("first_s", "ar4_us", "cycle20_us", "detect_ms")
 
 
@@ -231,6 +239,14 @@ def markdown(table) -> str:
     return "\n".join(lines)
 
 
+def _rings_of_the_repeat(seconds: float, rings: dict, colds: list) -> None:
+    """Once per repeat, for the curve: the ring of 2 with its caches emptied, and a rank's full refill at np 4."""
+    rings["evicted"].append(core_sharing.ring(2, seconds, CURVE_EVICT_MIB))
+    colds.append(core_sharing.rank_cold_seconds(CURVE_EVICT_MIB))
+    print(f"curve: ring of 2 emptied {rings['evicted'][-1] * 1e6:.1f} us, a rank's full refill {colds[-1] * 1e6:.0f} "
+          f"us", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--np", default="2,4,8,16,32,64,128", help="world sizes, comma-separated")
@@ -242,6 +258,10 @@ def main(argv=None) -> int:
     parser.add_argument("--evict", type=int, default=0, metavar="MIB",
                         help="write MIB of each rank's memory before each op of the loop the kill ends: the failure "
                              "then runs with the caches emptied (its CPU: fail_cpu_us)")
+    parser.add_argument("--curve", type=float, default=0.0, metavar="SECONDS",
+                        help="before each job, a ring of as many processes for SECONDS (bench/core_sharing.py's), "
+                             "and per repeat the ring of 2 with its caches emptied and a rank's full refill: the "
+                             "machine's curve, measured beside the jobs it is for (the JSON's sharing)")
     parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-control.json"))
     args = parser.parse_args(argv)
     from scale import _become_subreaper, _meta
@@ -253,9 +273,15 @@ def main(argv=None) -> int:
     print(f"rendezvous server: {meta['server_request_us']:.0f} us of CPU per request", file=sys.stderr, flush=True)
     # Repeats go round every size in turn, so that the machine drifting during the run (its speed moved by a third
     # within an hour) reaches the fitted np 2 and 4 and the predicted sizes alike.
+    rings: dict = {"evicted": []}
+    colds: list = []
     for repeat in range(args.repeats):
+        if args.curve:
+            _rings_of_the_repeat(args.curve, rings, colds)
         for np_ in [int(n) for n in args.np.split(",")]:
             print(f"[np {np_}] run {repeat + 1}/{args.repeats}: starting", file=sys.stderr, flush=True)
+            if args.curve:
+                rings.setdefault(np_, []).append(core_sharing.ring(np_, args.curve))
             figures = run_one(np_, args)
             shown = figures.get("error") or ", ".join(f"{k} {figures[k]:.4g}" for k in FIGURES)
             print(f"[np {np_}] run {repeat + 1}/{args.repeats}: {shown}", file=sys.stderr, flush=True)
@@ -263,8 +289,13 @@ def main(argv=None) -> int:
     meta["load_at_end"] = os.getloadavg()
     table = medians(runs)
     print(markdown(table))
+    saved = {"meta": meta, "medians": table, "runs": runs}
+    if args.curve and 2 in rings:
+        saved["sharing"] = core_sharing.curve(rings, colds, os.cpu_count() or 1, {
+            **core_sharing.kernel_scheduler(), "seconds": args.curve, "evict_mib": CURVE_EVICT_MIB,
+            "tokens": core_sharing.TOKENS})
     with open(args.json, "w") as handle:
-        json.dump({"meta": meta, "medians": table, "runs": runs}, handle, indent=1)
+        json.dump(saved, handle, indent=1)
     return 0 if all("error" not in r["figures"] for r in runs) else 1
 
 

@@ -279,11 +279,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cores", type=int, default=0, help="the benchmark machine's cores (default: its record)")
     parser.add_argument("--figures", default=",".join(FIGURES), help="which figures, comma-separated")
     parser.add_argument("--sharing", help="bench/core_sharing.py's JSON: wake-ups refill the caches as more "
-                                          "processes share the cores (measured on the same machine)")
+                                          "processes share the cores (measured on the same machine; default: the "
+                                          "curve the results hold, from bench/scale_control.py --curve)")
     parser.add_argument("--fit-from", help="fit to this run's np 2 and 4 instead (a run of the same figures)")
     args = parser.parse_args(argv)
-    saved, sharing = _load(args.results), _load(args.sharing)
+    saved = _load(args.results)
     source = _load(args.fit_from) or saved
+    sharing = _load(args.sharing) or source.get("sharing")     # bench/scale_control.py --curve measured it beside
     wanted = set(args.figures.split(","))
     measured = {k: v for k, v in measured_figures(saved).items() if k in wanted}
     if not any(2 in v and 4 in v for v in measured_figures(source).values()):
