@@ -16,8 +16,8 @@ Two measurements, neither of which runs a job of the sizes the simulation predic
 
 It also records the kernel's tick and preemption model (``kernel_hz``, ``preempt`` in the meta), which decide how
 long a process's end keeps a core from the ranks. The JSON (default ``bench/figures/core-sharing.json``) holds both
-and ``sharing``: (other processes per core, share)
-pairs, which ``python -m horovod.tools.simulate.calibration RESULTS --sharing FILE`` gives the simulation.
+and ``sharing``: (other processes per core, share) pairs, which ``python -m horovod.tools.simulate.calibration RESULTS
+--sharing FILE`` gives the simulation (``bench/scale_control.py --curve`` measures the same beside its jobs).
 Every process this starts is ended by pid before it returns.
 """
 
