@@ -15,7 +15,6 @@ rank or ends with the job.
 from __future__ import annotations
 
 import math
-
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np

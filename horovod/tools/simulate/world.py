@@ -8,8 +8,9 @@ the caches they took: ``CpuModel.cold`` (a rank's op with its caches emptied) ti
 the machine's curve (``CpuModel.sharing``) gives for that many distinct other processes per core (past one full
 refill, each further share at the curve's own process's refill, ``CpuModel.beyond``). A process's end (a killed
 rank's, or a failed rank's whose script exits) takes ``CpuModel.exit`` of its host's cores, in slices shared with the
-ranks (:meth:`~horovod.tools.simulate.job.Job.process_ends`). A frame leaves when its sender's clock says it was sent
-and arrives a link's latency and its bytes' transfer time later, plus whatever delay a fault adds. Delays make frames
+ranks, each to the kernel's next tick (``CpuModel.tick``; :meth:`~horovod.tools.simulate.job.Job.process_ends`).
+A frame leaves when its sender's clock says it was sent and arrives a link's latency and its bytes' transfer time
+later, plus whatever delay a fault adds. Delays make frames
 of different connections overtake each other. The network may also duplicate a frame or let a later one of the same
 connection overtake it (faults of the packets below TCP); the simulated connection numbers its frames and delivers
 each once and in order, as TCP does (``SimTransport.arrived`` in :mod:`~horovod.tools.simulate.rank`), so such faults
