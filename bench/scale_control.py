@@ -7,6 +7,8 @@ For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings
 - start-up to the first allreduce's result, the slowest rank's, from the launch;
 - the 4 B allreduce: a loop of blocking ops, time per op (the slowest rank's);
 - a cached cycle of 20 names: 20 async 4 B allreduces submitted at once, then every result (time per step);
+- each rank's CPU (every thread of its process) per op of each of the two loops (``cpu_us``: rank 0 coordinates,
+  the others relay or only ask, and the simulation's costs per role are fitted to np 4's);
 - the time to detect a killed rank: once the loops are done every rank keeps allreducing; this script SIGKILLs rank
   ``np // 2 + 1`` (the last at np 2) and each survivor stamps when its allreduce raised; the figure is the last
   survivor's stamp less the kill's, and the run records how many survivors named the killed rank. Each survivor then
@@ -43,6 +45,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+from typing import Tuple  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -54,9 +57,10 @@ CURVE_EVICT_MIB = 16        # as bench/core_sharing.py empties the caches
 FIGURES = ("first_s", "ar4_us", "cycle20_us", "detect_ms")
 
 
-def _timed(run, seconds: float, agree, slowest) -> float:
+def _timed(run, seconds: float, agree, slowest) -> Tuple[float, float]:
     """The slowest rank's median time of ``run`` over a loop of about ``seconds``, after a warm-up of half as long
-    (at 64 ranks and more the first half second after start-up runs up to twice as slow as the steady state)."""
+    (at 64 ranks and more the first half second after start-up runs up to twice as slow as the steady state); and
+    this process's CPU (every thread's) per run of that loop."""
     import numpy as np
     began = time.perf_counter()
     run()
@@ -67,11 +71,13 @@ def _timed(run, seconds: float, agree, slowest) -> float:
     run()
     iters = agree(int(min(2000, max(5, seconds / max(time.perf_counter() - began, 1e-7)))))
     times = []
+    cpu = time.process_time()
     for _ in range(iters):
         began = time.perf_counter()
         run()
         times.append(time.perf_counter() - began)
-    return slowest(float(np.median(times)))
+    cpu = (time.process_time() - cpu) / iters
+    return slowest(float(np.median(times))), cpu
 
 
 def _worker(spec) -> None:
@@ -88,18 +94,21 @@ def _worker(spec) -> None:
     agree = lambda n: int(hvd.broadcast(np.array([n]), 0, name="iters")[0])         # noqa: E731
     slowest = lambda t: float(hvd.allreduce(np.array([t]), op=hvd.Max, name="slowest")[0])   # noqa: E731
     one = np.ones(1, np.float32)
-    ar4 = _timed(lambda: hvd.allreduce_(one, op=hvd.Average, name="ar4"), spec["seconds"], agree, slowest)
+    ar4, ar4_cpu = _timed(lambda: hvd.allreduce_(one, op=hvd.Average, name="ar4"), spec["seconds"], agree, slowest)
     bufs = [np.ones(1, np.float32) for _ in range(CYCLE_NAMES)]
 
     def cycle():
         handles = [hvd.allreduce_async_(b, op=hvd.Average, name=f"cycle.{i}") for i, b in enumerate(bufs)]
         for h in handles:
             hvd.synchronize(h)
-    cycle20 = _timed(cycle, spec["seconds"], agree, slowest)
+    cycle20, cycle_cpu = _timed(cycle, spec["seconds"], agree, slowest)
     first = slowest(first)
+    cpu = hvd.allgather(np.array([[ar4_cpu, cycle_cpu]]) * 1e6, name="cpu")     # every rank's, in rank order
     if rank == 0:
         with open(os.path.join(spec["dir"], "figures.json"), "w") as handle:
-            json.dump({"first_s": first, "ar4_us": ar4 * 1e6, "cycle20_us": cycle20 * 1e6}, handle)
+            json.dump({"first_s": first, "ar4_us": ar4 * 1e6, "cycle20_us": cycle20 * 1e6,
+                       "cpu_us": {"ar4": cpu[:, 0].round(1).tolist(), "cycle20": cpu[:, 1].round(1).tolist()}},
+                      handle)
         os.rename(os.path.join(spec["dir"], "figures.json"), os.path.join(spec["dir"], "armed.json"))
     evict = np.zeros(spec["evict_mib"] << 20, np.uint8) if spec["evict_mib"] else None
     spent = []                  # the process's CPU (every thread's) per op of the loop the kill ends
@@ -223,6 +232,10 @@ def medians(runs) -> dict:
         done = [r["figures"] for r in runs if r["np"] == np_ and "error" not in r["figures"]]
         table[np_] = {k: statistics.median(f[k] for f in done) for k in FIGURES + ("fail_cpu_us",)
                       if done and all(k in f for f in done)}
+        cpus = [f["cpu_us"] for f in done if "cpu_us" in f]
+        if cpus:        # each rank's CPU per op of each loop (rank order), the median over runs
+            table[np_]["cpu_us"] = {loop: [statistics.median(c[loop][r] for c in cpus) for r in range(np_)]
+                                    for loop in cpus[0]}
         table[np_]["runs"] = len(done)
     return table
 

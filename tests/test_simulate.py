@@ -189,3 +189,36 @@ def test_a_killed_rank_hangs_up_once_its_process_ended_and_each_failed_survivors
     assert detect_seconds(16, 2, at_tick) > detect_seconds(16, 2, ends) > lingering * 1.3
     assert detect_seconds(16, 2, at_tick, exits=False) == pytest.approx(lingering, rel=0.05)
     assert detect_seconds(16, 2, Costs(cpu=CpuModel(fail=50e-6))) < lingering
+
+
+@pytest.mark.unit
+def test_rank_0_folds_every_members_contribution_fitted_from_np_4s_ranks_and_each_roles_cpu_is_shown(capsys):
+    import dataclasses
+    from horovod.tools.simulate import calibration
+    from horovod.tools.simulate.world import CpuModel
+    true = calibration.Costs(CpuModel(submit=4e-6, fold=0.5e-6))
+    # Rank 0 (the star's) folds the three others' contributions of each of 20 names; the others fold nothing.
+    no_fold = calibration.Costs(dataclasses.replace(true.cpu, fold=0.0))
+    cycle, bare = calibration.role_cpu(4, 2, true, 20, 10), calibration.role_cpu(4, 2, no_fold, 20, 10)
+    assert cycle["rank 0"] - bare["rank 0"] == pytest.approx(0.5e-6 * 3 * 20, rel=0.05)
+    assert cycle["others"] == pytest.approx(bare["others"], rel=0.01)
+    # It holds each message's as it reads it, before it replies: with a core per rank, sixteen ranks' cycle waits
+    # for the last message's 20 (the others' were held while it waited for that one).
+    slower = calibration.cycle_seconds(16, 16, true) - calibration.cycle_seconds(16, 16, no_fold)
+    assert 0.5e-6 * 20 * 0.9 <= slower < 0.5e-6 * 20 * 3
+    # "Measured" per-rank CPU made by the simulation with the fold known: the fit finds it from np 4's ranks.
+    per_rank = {loop: [calibration.role_cpu(4, 2, true, tensors, steps)[role] * 1e6 for role in ("rank 0",) +
+                       ("others",) * 3] for loop, tensors, steps in (("ar4", 1, 12), ("cycle20", 20, 10))}
+    measured = {name: {n: figure(n, 2, true) for n in (2, 4)} for name, figure in calibration.FIGURES.items()
+                if name in ("ar4_us", "cycle20_us")}
+    fitted = calibration.fit(measured, 2, roles=per_rank)
+    assert fitted.cpu.fold == pytest.approx(0.5e-6, rel=0.15)
+    # By role: rank 0, the tree's relays (ranks 1-6 of 20 have children), the others.
+    saved = {"medians": {"4": {"cpu_us": per_rank}, "20": {"cpu_us": {
+        loop: [500.0] + [300.0] * 6 + [100.0] * 13 for loop in ("ar4", "cycle20")}}}}
+    rows = calibration.role_table(saved, 2, fitted).splitlines()
+    assert len(rows) == 2 + 4
+    twenty = [r for r in rows if r.startswith("| 20 | ar4 |")][0].split("|")
+    assert twenty[3].strip().startswith("500 /") and twenty[4].strip().startswith("300 /")
+    four = [r for r in rows if r.startswith("| 4 | cycle20 |")][0].split("|")
+    assert four[4].strip() == "" and four[5].strip().startswith(f"{per_rank['cycle20'][1]:,.0f} /")

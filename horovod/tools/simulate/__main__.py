@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reinit", type=float, default=0.0,
                         help="seconds of CPU for an elastic reset's survivor to start its engine again (what "
                              "bench/elastic_reset.py fits; 0: left out)")
+    parser.add_argument("--fold", type=float, default=None,
+                        help="seconds of rank 0's CPU per contribution it folds (a member's input of a small "
+                             "allreduce that rode the negotiation), instead of the fitted or default cost")
     parser.add_argument("--json", default="", help="write the figures here")
     return parser
 
@@ -49,6 +52,8 @@ def main(argv=None) -> int:
             return _one_run(args, sizes[0], env)
         costs = _costs(args.calibrated)
         costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, reinit=args.reinit))
+        if args.fold is not None:
+            costs = dataclasses.replace(costs, cpu=dataclasses.replace(costs.cpu, fold=args.fold))
         rows = []
         for size in sizes:
             print(f"simulating {size} ranks ...", file=sys.stderr, flush=True)

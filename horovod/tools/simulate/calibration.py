@@ -5,13 +5,16 @@
 
 From ``bench/scale_control.py``'s JSON (n ranks on one host of ``cores`` cores: start-up to the first result, a loop
 of blocking 4 B allreduces, a loop of cached 20-name cycles, the time until the last survivor of a killed rank
-raised) it fits seven numbers to np 2 and np 4 only, each from the figure it governs:
+raised) it fits seven numbers (eight) to np 2 and np 4 only, each from the figure it governs:
 
 - the CPU model's scale, from np 4's 4 B allreduce (CPU-bound: four ranks on two cores), and the loopback latency,
   from np 2's (latency-bound: a core each), in turn until both settle;
 - a rank's boot (the interpreter and imports, on a shared core) from np 4's start-up less np 2's, and the
   launcher's own start from np 2's;
 - the caller's CPU per request (submitting it and waiting for it), from np 2's cached cycle of 20 names;
+- where the run recorded each rank's CPU per op (the bench's ``cpu_us``), rank 0's fold of each member's contribution
+  (a small allreduce's data rides the members' messages to rank 0, which folds them all), from what np 4's cycle
+  costs rank 0 beyond its other ranks;
 - what a rank's process ending costs a core (the kernel frees its memory and closes its sockets: the killed rank's
   sockets close when it is done), from np 2's detection time; what failing costs a rank (the error raised through
   the engine, every handle failed, the hang-up) as np 4's survivors measured it (the bench's ``fail_cpu_us``), or,
@@ -24,7 +27,8 @@ caches that the processes which ran since took: the machine's curve, and a rank'
 the kernel's tick and preemption model it recorded say how long a process's end keeps a core (``CpuModel.tick``).
 
 It then simulates every measured np with those costs and prints the four figures predicted beside the measured ones,
-with the error. ``bench/scale.py``'s JSON works too (start-up and the 4 B allreduce only). With ``--fit-from OTHER``
+with the error; with ``--roles``, also each role's CPU per op (rank 0, the tree's relays, the others), measured and
+simulated. ``bench/scale.py``'s JSON works too (start-up and the 4 B allreduce only). With ``--fit-from OTHER``
 the costs come from another run's np 2 and 4 (the ``--linger`` run predicted from the costs fitted where survivors
 exit, say).
 """
@@ -34,16 +38,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
+from horovod.core.negotiation.tree import children
 from horovod.tools.simulate.job import Workload, victim_of
 from horovod.tools.simulate.report import scenario
 from horovod.tools.simulate.startup import StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel
 
 __all__ = ["Costs", "allreduce_4b_seconds", "cycle_seconds", "startup_seconds", "detect_seconds", "FIGURES",
-           "solve", "fit", "fit_saved", "exits_of", "predict", "table", "measured_figures", "describe", "main"]
+           "solve", "fit", "fit_saved", "exits_of", "predict", "table", "role_cpu", "roles_of", "role_table",
+           "measured_figures", "describe", "main"]
 
 _WARM = 3                   # steps left out of a loop's time: new names, the first cycles
 
@@ -57,10 +64,13 @@ class Costs:
     startup: StartupModel = StartupModel()
 
 
+def _loop_job(size: int, cores: int, costs: Costs, tensors: int, steps: int):
+    return scenario(size, seed=1, slots=size, cores=cores, cpu=costs.cpu, link=costs.link,
+                    workload=Workload(steps=steps, tensors=tensors, compute=0.0, jitter=0.0, mixed=False))
+
+
 def _loop(size: int, cores: int, costs: Costs, tensors: int, steps: int = 12) -> float:
-    job = scenario(size, seed=1, slots=size, cores=cores, cpu=costs.cpu, link=costs.link,
-                   workload=Workload(steps=steps, tensors=tensors, compute=0.0, jitter=0.0, mixed=False))
-    done = [job.step_done[s] for s in sorted(job.step_done)]
+    done = [t for _, t in sorted(_loop_job(size, cores, costs, tensors, steps).step_done.items())]
     return (done[-1] - done[_WARM - 1]) / (len(done) - _WARM)
 
 
@@ -119,11 +129,11 @@ def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
 
 
 def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs(), exits: bool = True,
-        failing: Optional[float] = None) -> Costs:
+        failing: Optional[float] = None, roles: Optional[Dict[str, List[float]]] = None) -> Costs:
     """The costs fitted to np 2 and 4 of ``measured`` (figure -> np -> seconds); figures it lacks keep ``base``'s
     (``exits``: whether the kill's survivors exited once they raised; ``failing``: a survivor's CPU for the op that
-    raised, where np 4's run measured it)."""
-    costs = _fit_loops(measured, cores, base)
+    raised, where np 4's run measured it; ``roles``: np 4's CPU per op of each rank, µs, by loop, where measured)."""
+    costs = _fit_loops(measured, cores, base, roles)
     first = measured.get("first_s", {})
     if 2 in first and 4 in first:
         for _ in range(3):      # boot from the difference (two more ranks share the cores), the launch from np 2
@@ -153,25 +163,47 @@ def _fit_kill(detect: Dict[int, float], cores: int, costs: Costs, exits: bool, f
     return costs
 
 
-def _fit_loops(measured: Dict[str, Dict[int, float]], cores: int, costs: Costs) -> Costs:
-    """The loopback latency (np 2's 4 B), the CPU costs' scale (np 4's 4 B) and the caller's cost per request (np 2's
-    cycle of 20 names), each fitted in turn three times: each moves the others a little."""
+def _fit_loops(measured: Dict[str, Dict[int, float]], cores: int, costs: Costs,
+               roles: Optional[Dict[str, List[float]]] = None) -> Costs:
+    """The loopback latency (np 2's 4 B), the CPU costs' scale (np 4's 4 B), the caller's cost per request (np 2's
+    cycle of 20 names) and, with ``roles``, rank 0's fold of a contribution (np 4's rank 0 against its other ranks),
+    each fitted in turn three times: each moves the others a little."""
     ar4, cycle = measured.get("ar4_us", {}), measured.get("cycle20_us", {})
     if not (2 in ar4 and 4 in ar4):
         return costs
-    base, factor, submit = costs.cpu, 1.0, costs.cpu.submit
+    base, factor, fitted = costs.cpu, 1.0, {"submit": costs.cpu.submit, "fold": costs.cpu.fold}
     for _ in range(3):
-        cpu = dataclasses.replace(_scaled(base, factor), submit=submit)
+        cpu = dataclasses.replace(_scaled(base, factor), **fitted)
         local = solve(lambda x: allreduce_4b_seconds(2, cores, dataclasses.replace(
             costs, cpu=cpu, link=dataclasses.replace(costs.link, local_latency=x))), ar4[2], 1e-7, 1e-2)
         costs = dataclasses.replace(costs, link=dataclasses.replace(costs.link, local_latency=local))
         factor = solve(lambda x: allreduce_4b_seconds(4, cores, dataclasses.replace(
-            costs, cpu=dataclasses.replace(_scaled(base, x), submit=submit))), ar4[4], 1e-3, 1e3)
-        costs = dataclasses.replace(costs, cpu=dataclasses.replace(_scaled(base, factor), submit=submit))
+            costs, cpu=dataclasses.replace(_scaled(base, x), **fitted))), ar4[4], 1e-3, 1e3)
+        costs = dataclasses.replace(costs, cpu=dataclasses.replace(_scaled(base, factor), **fitted))
         if 2 in cycle:
-            submit = solve(lambda x: cycle_seconds(2, cores, _with_cpu(costs, submit=x)), cycle[2], 1e-8, 1e-3)
-            costs = _with_cpu(costs, submit=submit)
+            fitted["submit"] = solve(lambda x: cycle_seconds(2, cores, _with_cpu(costs, submit=x)), cycle[2], 1e-8,
+                                     1e-3)
+            costs = _with_cpu(costs, submit=fitted["submit"])
+        if roles:
+            fitted["fold"] = _fit_fold(roles, cores, costs)
+            costs = _with_cpu(costs, fold=fitted["fold"])
     return costs
+
+
+def _fold_extra(ar4: Dict[str, float], cycle: Dict[str, float]) -> float:
+    # What the cycle of 20 names costs rank 0 beyond the 4 B op, less what it costs the others (by role_cpu's roles).
+    return (cycle["rank 0"] - ar4["rank 0"]) - (cycle["others"] - ar4["others"])
+
+
+def _fit_fold(roles: Dict[str, List[float]], cores: int, costs: Costs) -> float:
+    """Rank 0's fold of a contribution, from what np 4's cycle costs its rank 0 beyond its other ranks (0 where the
+    simulation charges that much without it)."""
+    target = _fold_extra(roles_of(roles["ar4"], False), roles_of(roles["cycle20"], False)) * 1e-6
+
+    def extra(fold: float) -> float:
+        with_fold = _with_cpu(costs, fold=fold)
+        return _fold_extra(role_cpu(4, cores, with_fold, 1, 12), role_cpu(4, cores, with_fold, 20, 10))
+    return 0.0 if extra(0.0) >= target else solve(extra, target, 1e-9, 1e-4)
 
 
 def _with_cpu(costs: Costs, **changes) -> Costs:
@@ -195,6 +227,42 @@ def predict(measured: Dict[str, Dict[int, float]], cores: int, costs: Optional[C
             rows.append({"figure": name, "ranks": size, "measured_s": by_np[size], "predicted_s": predicted,
                          "error": predicted / by_np[size] - 1.0, "fitted": size in (2, 4)})
     return rows
+
+
+def role_cpu(size: int, cores: int, costs: Costs, tensors: int, steps: int) -> Dict[str, float]:
+    """Simulated CPU per step of a loop of ``tensors`` cached 4 B allreduces, by role: rank 0, the tree's ranks that
+    relay (their children's messages up, the reply down), the others (median of each)."""
+    job = _loop_job(size, cores, costs, tensors, steps)
+    first, last = job.snapshots[_WARM - 1], job.snapshots[steps - 1]
+    return roles_of([(b[3] - a[3]) / (steps - _WARM) for a, b in zip(first, last)],
+                    job.ranks[0].negotiation.name == "tree")
+
+
+def roles_of(cpu: Sequence[float], tree: bool) -> Dict[str, float]:
+    """Per-rank figures (rank order) as the median of each role (see :func:`role_cpu`)."""
+    relays = [r for r in range(1, len(cpu)) if tree and children(r, len(cpu))]
+    rest = [r for r in range(1, len(cpu)) if r not in relays]
+    out = {"rank 0": cpu[0], "others": statistics.median(cpu[r] for r in rest)}
+    if relays:
+        out["relays"] = statistics.median(cpu[r] for r in relays)
+    return out
+
+
+def role_table(saved: dict, cores: int, costs: Costs) -> str:
+    """Measured (the benchmark's ``cpu_us``) against simulated CPU per op of each role, for both loops, at every np
+    whose run recorded it: where each rank's work goes, which the four figures only show summed."""
+    lines = ["| ranks | loop | rank 0, µs: measured / simulated | relays | others |", "|---|---|---|---|---|"]
+    for size in sorted(int(n) for n in saved["medians"]):
+        measured = saved["medians"][str(size)].get("cpu_us")
+        for loop, tensors, steps in (("ar4", 1, 12), ("cycle20", 20, 10)):
+            if not measured or loop not in measured:
+                continue
+            sim = role_cpu(size, cores, costs, tensors, steps)
+            real = roles_of(measured[loop], "relays" in sim)
+            cells = [f"{real[k]:,.0f} / {sim[k] * 1e6:,.0f}" if k in sim else "" for k in ("rank 0", "relays",
+                                                                                          "others")]
+            lines.append(f"| {size} | {loop} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(rows: Sequence[Dict[str, object]]) -> str:
@@ -231,9 +299,10 @@ def fit_saved(saved: dict, cores: int = 0, figures: Sequence[str] = tuple(FIGURE
         base = _with_cpu(base, cold=sharing["rank_cold_us"] * 1e-6, beyond=ring_refill * 1e-6,
                          sharing=tuple((float(x), float(y)) for x, y in sharing["sharing"]), **_tick(sharing["meta"]))
     measured = {k: v for k, v in measured_figures(saved).items() if k in figures}
-    failing = saved["medians"].get("4", {}).get("fail_cpu_us") if "detect_ms" in figures else None
+    four = saved["medians"].get("4", {})
+    failing = four.get("fail_cpu_us") if "detect_ms" in figures else None
     return fit(measured, cores or int(saved["meta"].get("cores") or 2), base, exits=exits_of(saved),
-               failing=failing and failing * 1e-6)
+               failing=failing and failing * 1e-6, roles=four.get("cpu_us"))
 
 
 def _tick(meta: dict) -> dict:
@@ -269,6 +338,7 @@ def describe(costs: Costs) -> str:
             f"boot {costs.startup.boot:.3f} s, launch {costs.startup.launch:.3f} s, rendezvous "
             f"{costs.startup.request * 1e6:.0f} us a request"
             + (f", a cold op {costs.cpu.cold * 1e6:.0f} us" if costs.cpu.cold and costs.cpu.sharing else "")
+            + (f", rank 0 folds a contribution in {costs.cpu.fold * 1e6:.2f} us" if costs.cpu.fold else "")
             + (f", ends preempted at the {costs.cpu.tick * 1e3:g} ms tick" if costs.cpu.tick else ""))
 
 
@@ -282,6 +352,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                           "processes share the cores (measured on the same machine; default: the "
                                           "curve the results hold, from bench/scale_control.py --curve)")
     parser.add_argument("--fit-from", help="fit to this run's np 2 and 4 instead (a run of the same figures)")
+    parser.add_argument("--roles", action="store_true",
+                        help="also each role's CPU per op (rank 0, the tree's relays, the others), measured and "
+                             "simulated, where the run recorded it (bench/scale_control.py's cpu_us)")
     args = parser.parse_args(argv)
     saved = _load(args.results)
     source = _load(args.fit_from) or saved
@@ -298,6 +371,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(table(rows))
     checked = [r for r in rows if not r["fitted"]]
     print(f"\nwithin 25 %: {sum(abs(r['error']) <= 0.25 for r in checked)} of the {len(checked)} cells not fitted")
+    if args.roles:
+        print("\n" + role_table(saved, cores, costs))
     return 0
 
 

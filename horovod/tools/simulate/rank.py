@@ -18,7 +18,7 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
 from horovod.core import fusion
 from horovod.core.execution import complete
-from horovod.core.negotiation import for_loop
+from horovod.core.negotiation import for_loop, frames
 from horovod.core.negotiation.base import BATCH_SPACING_SECONDS
 from horovod.core.set_state import NEW, ProcessSets
 from horovod.core.waiters import Waiters
@@ -57,6 +57,13 @@ class SimHandle:
             raise AssertionError(f"rank {self.rank.rank}: {self.name!r} completed twice")
         self.done, self.error = True, error
         self.rank.job.handle_done(self.rank, self)
+
+
+def _contributions(frame) -> int:
+    """Small allreduces' inputs a star message or a tree's subtree message carries to rank 0."""
+    if type(frame) is frames.Msg:
+        return len(frame.data)
+    return sum(len(data) for _, data in frame.datas) if type(frame) is frames.Up else 0
 
 
 class SimWake:
@@ -145,7 +152,11 @@ class SimTransport:
         self.frames_in += 1
         self.bytes_in += len(payload)
         rank.charge(rank.world.cpu.frame + len(payload) * rank.world.cpu.byte)
-        return wire.decode(payload)
+        raw = wire.decode(payload)
+        if rank.world.cpu.fold and self.rank == 0 and rank.negotiation.name in ("star", "tree"):
+            # Rank 0 holds the contributions a message carries and folds them before it replies.
+            rank.charge(rank.world.cpu.fold * _contributions(frames.decode(raw, peer)))
+        return raw
 
     def _check(self, peer: int) -> None:
         lost = self.closed.get(peer)

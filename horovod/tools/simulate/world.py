@@ -40,6 +40,9 @@ class CpuModel:
     byte: float = 2e-9           # per byte of a frame
     cycle: float = 30e-6         # one cycle's bookkeeping (the engine's step, the response cache)
     name: float = 1e-6           # per name a cycle decides (the coordinator, execution's bookkeeping)
+    # Per contribution rank 0 folds (a member's input of one small allreduce whose data rode its message): held
+    # by name and position, then prescaled and added; rank 0 folds every member's under star and tree negotiation.
+    fold: float = 0.0
     fail: float = 300e-6         # failing: the error raised through the engine, every handle failed, the hang-up
     submit: float = 0.0          # the caller's per request: submitting it (checks, a handle) and waiting for it
     cold: float = 0.0            # a wake-up whose caches were emptied: refilling what a rank's op touches
