@@ -1,7 +1,7 @@
 """The simulation against the benchmark: fit its costs to the small jobs, then predict the larger ones side by side.
 
-    python -m horovod.tools.simulate.calibration bench/figures/scale-control.json [--cores 2]
-        [--sharing bench/figures/core-sharing.json]
+    python -m horovod.tools.simulate.calibration bench/figures/scale-control.json [--cores 2] [--roles]
+        [--sharing CURVE.json]
 
 From ``bench/scale_control.py``'s JSON (n ranks on one host of ``cores`` cores: start-up to the first result, a loop
 of blocking 4 B allreduces, a loop of cached 20-name cycles, the time until the last survivor of a killed rank
