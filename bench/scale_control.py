@@ -8,7 +8,8 @@ For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings
 - the 4 B allreduce: a loop of blocking ops, time per op (the slowest rank's);
 - a cached cycle of 20 names: 20 async 4 B allreduces submitted at once, then every result (time per step);
 - each rank's CPU (every thread of its process) per op of each of the two loops (``cpu_us``: rank 0 coordinates,
-  the others relay or only ask, and the simulation's costs per role are fitted to np 4's);
+  the tree's relays pass messages on, the others only ask; the calibration fits rank 0's fold to np 4's and prints
+  every role's beside the simulation's with ``--roles``);
 - the time to detect a killed rank: once the loops are done every rank keeps allreducing; this script SIGKILLs rank
   ``np // 2 + 1`` (the last at np 2) and each survivor stamps when its allreduce raised; the figure is the last
   survivor's stamp less the kill's, and the run records how many survivors named the killed rank. Each survivor then
@@ -71,13 +72,12 @@ def _timed(run, seconds: float, agree, slowest) -> Tuple[float, float]:
     run()
     iters = agree(int(min(2000, max(5, seconds / max(time.perf_counter() - began, 1e-7)))))
     times = []
-    cpu = time.process_time()
+    cpu_began = time.process_time()
     for _ in range(iters):
         began = time.perf_counter()
         run()
         times.append(time.perf_counter() - began)
-    cpu = (time.process_time() - cpu) / iters
-    return slowest(float(np.median(times))), cpu
+    return slowest(float(np.median(times))), (time.process_time() - cpu_began) / iters
 
 
 def _worker(spec) -> None:

@@ -5,7 +5,8 @@
 
 From ``bench/scale_control.py``'s JSON (n ranks on one host of ``cores`` cores: start-up to the first result, a loop
 of blocking 4 B allreduces, a loop of cached 20-name cycles, the time until the last survivor of a killed rank
-raised) it fits seven numbers (eight) to np 2 and np 4 only, each from the figure it governs:
+raised) it fits seven numbers (eight where the run recorded each rank's CPU) to np 2 and np 4 only, each from the
+figure it governs:
 
 - the CPU model's scale, from np 4's 4 B allreduce (CPU-bound: four ranks on two cores), and the loopback latency,
   from np 2's (latency-bound: a core each), in turn until both settle;
