@@ -40,15 +40,16 @@ def _loop(op, ops: int, evict=None):
     return cpu / ops * 1e6, (_switches() - began) / ops
 
 
-def _op(hvd, names: int):
-    """One op: a blocking 4 B allreduce, or ``names`` async ones submitted at once and then waited for (a cycle)."""
+def op_of(hvd, names: int):
+    """One op: a blocking 4 B allreduce, or ``names`` async ones submitted at once and then waited for (a cycle);
+    bench/scale_control.py times the same two."""
     import numpy as np
     bufs = [np.ones(1, np.float32) for _ in range(names)]
     if names == 1:
-        return lambda: hvd.allreduce_(bufs[0], name="ar4")
+        return lambda: hvd.allreduce_(bufs[0], op=hvd.Average, name="ar4")
 
     def cycle():
-        for handle in [hvd.allreduce_async_(b, name=f"cycle.{i}") for i, b in enumerate(bufs)]:
+        for handle in [hvd.allreduce_async_(b, op=hvd.Average, name=f"cycle.{i}") for i, b in enumerate(bufs)]:
             hvd.synchronize(handle)
     return cycle
 
@@ -57,7 +58,7 @@ def _worker(ops: int, evict_mib: int, names: int) -> None:
     import numpy as np
     import horovod.numpy as hvd
     hvd.init()
-    op = _op(hvd, names)
+    op = op_of(hvd, names)
     for _ in range(50):
         op()
     cpu, wakes = _loop(op, ops)

@@ -52,6 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import core_sharing  # noqa: E402
+import rank_cpu  # noqa: E402
 
 CYCLE_NAMES = 20
 CURVE_EVICT_MIB = 16        # as bench/core_sharing.py empties the caches
@@ -93,15 +94,8 @@ def _worker(spec) -> None:
     assert out[0] == size * (size - 1) / 2, out
     agree = lambda n: int(hvd.broadcast(np.array([n]), 0, name="iters")[0])         # noqa: E731
     slowest = lambda t: float(hvd.allreduce(np.array([t]), op=hvd.Max, name="slowest")[0])   # noqa: E731
-    one = np.ones(1, np.float32)
-    ar4, ar4_cpu = _timed(lambda: hvd.allreduce_(one, op=hvd.Average, name="ar4"), spec["seconds"], agree, slowest)
-    bufs = [np.ones(1, np.float32) for _ in range(CYCLE_NAMES)]
-
-    def cycle():
-        handles = [hvd.allreduce_async_(b, op=hvd.Average, name=f"cycle.{i}") for i, b in enumerate(bufs)]
-        for h in handles:
-            hvd.synchronize(h)
-    cycle20, cycle_cpu = _timed(cycle, spec["seconds"], agree, slowest)
+    ar4, ar4_cpu = _timed(rank_cpu.op_of(hvd, 1), spec["seconds"], agree, slowest)
+    cycle20, cycle_cpu = _timed(rank_cpu.op_of(hvd, CYCLE_NAMES), spec["seconds"], agree, slowest)
     first = slowest(first)
     cpu = hvd.allgather(np.array([[ar4_cpu, cycle_cpu]]) * 1e6, name="cpu")     # every rank's, in rank order
     if rank == 0:
@@ -110,6 +104,7 @@ def _worker(spec) -> None:
                        "cpu_us": {"ar4": cpu[:, 0].round(1).tolist(), "cycle20": cpu[:, 1].round(1).tolist()}},
                       handle)
         os.rename(os.path.join(spec["dir"], "figures.json"), os.path.join(spec["dir"], "armed.json"))
+    one = np.ones(1, np.float32)
     evict = np.zeros(spec["evict_mib"] << 20, np.uint8) if spec["evict_mib"] else None
     spent = []                  # the process's CPU (every thread's) per op of the loop the kill ends
     try:
