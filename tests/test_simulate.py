@@ -206,6 +206,10 @@ def test_rank_0_folds_every_members_contribution_fitted_from_np_4s_ranks_and_eac
     # for the last message's 20 (the others' were held while it waited for that one).
     slower = calibration.cycle_seconds(16, 16, true) - calibration.cycle_seconds(16, 16, no_fold)
     assert 0.5e-6 * 20 * 0.9 <= slower < 0.5e-6 * 20 * 3
+    # A tree's relay pays it for what its children pass up: at 32 ranks the median relay (ranks 1-10) reads three
+    # leaves' 20 contributions each.
+    relay, bare_relay = (calibration.role_cpu(32, 2, c, 20, 10)["relays"] for c in (true, no_fold))
+    assert relay - bare_relay == pytest.approx(0.5e-6 * 3 * 20, rel=0.1)
     # "Measured" per-rank CPU made by the simulation with the fold known: the fit finds it from np 4's ranks.
     per_rank = {loop: [calibration.role_cpu(4, 2, true, tensors, steps)[role] * 1e6 for role in ("rank 0",) +
                        ("others",) * 3] for loop, tensors, steps in (("ar4", 1, 12), ("cycle20", 20, 10))}

@@ -153,8 +153,9 @@ class SimTransport:
         self.bytes_in += len(payload)
         rank.charge(rank.world.cpu.frame + len(payload) * rank.world.cpu.byte)
         raw = wire.decode(payload)
-        if rank.world.cpu.fold and self.rank == 0 and rank.negotiation.name in ("star", "tree"):
-            # Rank 0 holds the contributions a message carries and folds them before it replies.
+        if rank.world.cpu.fold and rank.negotiation.name in ("star", "tree"):
+            # Rank 0 holds the contributions a message carries and folds them before it replies; a relay reads its
+            # children's and sends them on with its own message.
             rank.charge(rank.world.cpu.fold * _contributions(frames.decode(raw, peer)))
         return raw
 

@@ -3,8 +3,8 @@ faults a seed draws. Every rank runs in a greenlet (a coroutine, not an OS threa
 it waits for arrives; nothing here reads the wall clock or the OS's randomness, so a seed replays exactly.
 
 A rank's run (from one resume to its next wait) takes a core of its host for the CPU the model charges it: a wake-up,
-plus a cost per frame and per byte it reads or writes (and for rank 0, per contribution of a small allreduce that rode
-a message to it, ``CpuModel.fold``). A wake-up after other processes of its host ran also refills
+plus a cost per frame and per byte it reads or writes (and, for rank 0 and the tree's relays, per contribution of a
+small allreduce that rode a message to it, ``CpuModel.fold``). A wake-up after other processes of its host ran also refills
 the caches they took: ``CpuModel.cold`` (a rank's op with its caches emptied) times the share of a full refill that
 the machine's curve (``CpuModel.sharing``) gives for that many distinct other processes per core (past one full
 refill, each further share at the curve's own process's refill, ``CpuModel.beyond``). A process's end (a killed
@@ -41,8 +41,10 @@ class CpuModel:
     byte: float = 2e-9           # per byte of a frame
     cycle: float = 30e-6         # one cycle's bookkeeping (the engine's step, the response cache)
     name: float = 1e-6           # per name a cycle decides (the coordinator, execution's bookkeeping)
-    # Per contribution rank 0 folds under star and tree negotiation (a member's input of one small allreduce whose
-    # data rode its message): held by name and position, then prescaled and added, before rank 0 replies.
+    # Per contribution a rank reads under star and tree negotiation (a member's input of one small allreduce whose
+    # data rode its message): rank 0 holds it by name and position and folds it before it replies; a tree's relay
+    # reads its children's and passes them on. Measured by role, a relay costs about what rank 0 does per
+    # contribution (docs/scaling.md, "Each role's CPU").
     fold: float = 0.0
     fail: float = 300e-6         # failing: the error raised through the engine, every handle failed, the hang-up
     submit: float = 0.0          # the caller's per request: submitting it (checks, a handle) and waiting for it
