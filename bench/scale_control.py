@@ -2,6 +2,7 @@
 
     python bench/scale_control.py [--np 2,4,8,16,32,64,128] [--repeats 3] [--linger] [--evict MIB] [--curve SECONDS]
         [--json FILE]
+    python bench/scale_control.py --pool RUN.json RUN.json ... --json FILE      # several runs' repeats as one
 
 For each np, ``--repeats`` times, one ``horovodrun -np N`` job (default settings) measures:
 - start-up to the first allreduce's result, the slowest rank's, from the launch;
@@ -30,6 +31,11 @@ process sends it 400 registrations, the simulation's start-up and loss-board cos
 horovod.tools.simulate.calibration bench/figures/scale-control.json`` fits the simulation to np 2 and 4 and prints its
 prediction of every other np beside these measurements (docs/scaling.md). Every run has a hard timeout and whatever
 it started is ended by pid (this process is its descendants' subreaper).
+
+A single job's figures at 8-128 ranks spread by up to a factor of two between repeats on this machine (the 4 B
+allreduce at 64 ranks took 6.5-14.4 ms), so a median of five moves between runs by more than the calibration's 25 %.
+``--pool`` takes the repeats of several runs of the same sizes (and their curves' rings) as one run of that many
+repeats and writes its medians, without running anything.
 """
 
 from __future__ import annotations
@@ -247,6 +253,28 @@ def markdown(table) -> str:
     return "\n".join(lines)
 
 
+def pool(saved_runs) -> dict:
+    """Several runs' JSONs as one: every repeat of every run, the curve's rings of them all and the median of their
+    full refills, and the medians over them all."""
+    runs, rings, colds = [], {}, []
+    for index, saved in enumerate(saved_runs):
+        runs.extend({**run, "repeat": f"{index}.{run['repeat']}"} for run in saved["runs"])
+        curve = saved.get("sharing")
+        if curve:
+            for size, values in curve["runs_us"].items():
+                rings.setdefault(size if size == "evicted" else int(size), []).extend(v * 1e-6 for v in values)
+            colds.append(curve["rank_cold_us"] * 1e-6)
+    first = saved_runs[0]["meta"]
+    meta = {**first, "pooled": [s["meta"].get("date") for s in saved_runs],
+            "repeats": sum(s["meta"].get("repeats", 0) for s in saved_runs),
+            "server_request_us": statistics.median(s["meta"]["server_request_us"] for s in saved_runs)}
+    out = {"meta": meta, "medians": medians(runs), "runs": runs}
+    if colds and 2 in rings and "evicted" in rings:
+        out["sharing"] = core_sharing.curve(rings, colds, int(first.get("cores") or os.cpu_count() or 1),
+                                            saved_runs[0]["sharing"]["meta"])
+    return out
+
+
 def _rings_of_the_repeat(seconds: float, rings: dict, colds: list) -> None:
     """Once per repeat, for the curve: the ring of 2 with its caches emptied, and a rank's full refill at np 4."""
     rings["evicted"].append(core_sharing.ring(2, seconds, CURVE_EVICT_MIB))
@@ -271,7 +299,15 @@ def main(argv=None) -> int:
                              "and per repeat the ring of 2 with its caches emptied and a rank's full refill: the "
                              "machine's curve, measured beside the jobs it is for (the JSON's sharing)")
     parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-control.json"))
+    parser.add_argument("--pool", nargs="+", metavar="RUN",
+                        help="write the repeats of these runs' JSONs as one run's (nothing is measured)")
     args = parser.parse_args(argv)
+    if args.pool:
+        saved = pool([json.load(open(path)) for path in args.pool])
+        print(markdown(saved["medians"]))
+        with open(args.json, "w") as handle:
+            json.dump(saved, handle, indent=1)
+        return 0
     from scale import _become_subreaper, _meta
     _become_subreaper()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

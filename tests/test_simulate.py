@@ -226,3 +226,38 @@ def test_rank_0_folds_every_members_contribution_fitted_from_np_4s_ranks_and_eac
     assert twenty[3].strip().startswith("500 /") and twenty[4].strip().startswith("300 /")
     four = [r for r in rows if r.startswith("| 4 | cycle20 |")][0].split("|")
     assert four[4].strip() == "" and four[5].strip().startswith(f"{per_rank['cycle20'][1]:,.0f} /")
+
+
+@pytest.mark.unit
+def test_pooled_runs_are_one_run_of_all_their_repeats(monkeypatch, tmp_path):
+    import json
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import importlib
+    scale_control = importlib.import_module("scale_control")
+
+    def run(date, ar4, cold, evicted):
+        runs = [{"np": n, "repeat": i, "figures": {"first_s": 1.0, "ar4_us": a * n, "cycle20_us": 3.0,
+                                                  "detect_ms": 4.0, "cpu_us": {"ar4": [a] * n}}}
+                for i, a in enumerate(ar4) for n in (2, 4)]
+        sharing = {"meta": {"kernel_hz": 250}, "rank_cold_us": cold,
+                   "runs_us": {"2": [30.0, 30.0], "4": [33.0, 36.0], "evicted": [evicted]}}
+        return {"meta": {"date": date, "cores": 2, "repeats": len(ar4), "server_request_us": 5.0},
+                "runs": runs, "sharing": sharing}
+
+    saved = [run("a", [10.0, 20.0], 80.0, 60.0), run("b", [30.0, 40.0, 50.0], 100.0, 70.0)]
+    paths = []
+    for index, one in enumerate(saved):
+        paths.append(tmp_path / f"{index}.json")
+        paths[-1].write_text(json.dumps(one))
+    out = tmp_path / "pooled.json"
+    assert scale_control.main(["--pool", *map(str, paths), "--json", str(out)]) == 0
+    pooled = json.loads(out.read_text())
+    # The median over all five repeats, not a median of the two runs' medians (15 and 40).
+    assert pooled["medians"]["4"]["ar4_us"] == 30.0 * 4 and pooled["medians"]["2"]["runs"] == 5
+    assert pooled["medians"]["4"]["cpu_us"]["ar4"] == [30.0] * 4
+    assert pooled["meta"]["pooled"] == ["a", "b"] and pooled["meta"]["repeats"] == 5
+    curve = pooled["sharing"]
+    assert curve["runs_us"]["4"] == pytest.approx([33.0, 36.0, 33.0, 36.0]) and curve["rank_cold_us"] == pytest.approx(90.0)
+    # The ring of 4's share of a full refill: (34.5 - 30) / (65 - 30).
+    assert curve["sharing"][1] == pytest.approx([1.5, 4.5 / 35])
