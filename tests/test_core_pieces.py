@@ -95,6 +95,39 @@ def test_held_data_of_a_failed_tensor_or_a_removed_set_is_dropped():
     assert held.batches(2, 1, [[_allreduce("x")]]) == [Batch([_allreduce("x")])]
 
 
+def test_a_relay_folds_what_its_whole_subtree_sent_and_rank_0_folds_a_few_contributions_to_the_same_sums():
+    from horovod.core.negotiation.inline import fold, fold_subtree
+    from horovod.core.negotiation.tree import subtree_size
+    rng = np.random.default_rng(3)
+    size = 13                   # rank 1 relays for ranks 4, 5 and 6, leaves (their children would start at 13)
+    inputs = {r: rng.standard_normal(3).astype(np.float32) for r in range(size)}
+    scaled = Request("s", OpType.ALLREDUCE, "float32", (3,), ReduceOp.AVERAGE, prescale=0.5)
+    summed = Request("t", OpType.ALLREDUCE, "float32", (3,))
+    datas = [(r, {"s": inputs[r].tobytes(), "t": inputs[r].tobytes()}) for r in (1, 4, 5, 6)]
+    datas[2][1]["odd"] = b"xy"          # a name the relay did not send: passed on as it came
+    del datas[3][1]["t"]                # rank 6 sent no data for t: t cannot be folded, it passes on
+    up = fold_subtree(1, subtree_size(1, size), {"s": scaled, "t": summed}, datas)
+    assert up[0][0] == (1, 4) and set(up[0][1]) == {"s"}
+    assert dict(up[1:]) == {1: {"t": datas[0][1]["t"]}, 4: {"t": datas[1][1]["t"]},
+                            5: {"t": datas[2][1]["t"], "odd": b"xy"}}
+    # Rank 0 holds its own, rank 1's folded subtree and ranks 2-3's (leaves here, standing in for their subtrees).
+    held = HeldData()
+    held.hold(0, 0, {"s": inputs[0].tobytes()})
+    held.hold(0, up[0][0], up[0][1])
+    for r in (2, 3):
+        held.hold(0, r, {"s": inputs[r].tobytes()})
+    response = Response(OpType.ALLREDUCE, ("s",), "float32", ((3,),), ReduceOp.AVERAGE, 0.5)
+    (batch,) = held.batches(0, 7, [[response]])
+    assert batch.partial == (False, True, False, False) and len(batch.contributions) == 4
+    got = fold(response, batch.contributions, partial=batch.partial, members=7)
+    want = sum(inputs[r] * 0.5 for r in range(7)) / 7
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # A subtree short of a rank is not complete: the tensor takes the ordinary path.
+    held.hold(0, 0, {"s": b""})
+    held.hold(0, (1, 3), {"s": b""})
+    assert held.batches(0, 7, [[response]]) == [Batch([response])]
+
+
 def test_only_small_allreduces_travel_in_frames_within_the_budget():
     small = Request("s", OpType.ALLREDUCE, "float32", (4,))
     avg16 = Request("h", OpType.ALLREDUCE, "float16", (4,))          # widened: the ordinary path

@@ -67,10 +67,11 @@ def _small_and_large():
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation,size", [("peer", 2), ("peer", 3), ("star", 3), ("star", 5), ("tree", 3),
-                                              ("tree", 6)])
+                                              ("tree", 14)])
 def test_allreduces_that_travel_with_the_negotiation_match_numpy_and_agree_bitwise(negotiation, size):
     # Under star and tree negotiation the data goes to rank 0 with the messages (up the tree) and the results rank 0
-    # folded come back with the reply.
+    # folded come back with the reply. At 14 ranks under the tree ranks 1-4 relay, and fold their subtrees' on the
+    # way up (rank 4 ranks 4 and 13; rank 1 those and 1, 5, 6).
     results = spawn_ranks(_small_and_large, size, timeout=120, env={"HOROVOD_NEGOTIATION": negotiation})
     assert all(out["negotiation"] == negotiation for out in results)
     for out in results:

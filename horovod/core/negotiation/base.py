@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Dict, List, NamedTuple, Optional, Protocol, Sequence
+from typing import Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 from horovod.common.types import Response
 from horovod.core.decision import Decision, StallReport
@@ -34,11 +34,13 @@ log = logging.getLogger("horovod")
 class Batch(NamedTuple):
     """Responses that execute together. When their data came with the negotiation nothing travels to execute them:
     ``contributions[p]`` is the input of the member at position p for all of them, in order (peer: every rank
-    folds), or ``folded`` is their result, in order, as the coordinator folded it (star and tree)."""
+    folds; under the tree, at rank 0, some are a subtree's, folded on the way up: ``partial`` says which), or
+    ``folded`` is their result, in order, as the coordinator folded it (star and tree)."""
 
     responses: List[Response]
     contributions: Optional[List[bytes]] = None
     folded: Optional[bytes] = None
+    partial: Tuple[bool, ...] = ()
 
 
 class Loop(Protocol):

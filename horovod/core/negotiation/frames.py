@@ -220,7 +220,8 @@ class Reply(NamedTuple):
 
 class Up(NamedTuple):
     """A subtree's messages for the global set (tree: a child to its parent): ``groups`` lists together the ranks
-    that sent the very same message; ``datas`` holds (rank, small allreduces' data) for ranks that sent some.
+    that sent the very same message; ``datas`` holds (rank, small allreduces' data) for ranks that sent some, and
+    ((relay, ranks), data) for what a relay folded of its subtree's.
 
     A group's message stays as sent (:meth:`Msg.sent`, its shape checked) until rank 0 decodes it in full with
     :func:`group_messages`: the ranks in between only compare messages, and decoding a step's 200 uncached requests
@@ -254,9 +255,14 @@ class Up(NamedTuple):
             checked.append((list(_ints(ranks, "a group's ranks")), sent))
         held = []
         for item in datas:
-            if type(item) not in (list, tuple) or len(item) != 2 or type(item[0]) is not int:
+            if type(item) not in (list, tuple) or len(item) != 2:
                 raise _Malformed("tensor data is not (rank, data)")
-            held.append((item[0], _data(item[1])))
+            key = item[0]
+            if type(key) is not int:        # a relay's subtree, folded on the way up: (relay, ranks)
+                key = _ints(key, "a folded subtree's key")
+                if len(key) != 2:
+                    raise _Malformed("a folded subtree's key is not (relay, ranks)")
+            held.append((key, _data(item[1])))
         return _new(Up, (checked, held))
 
 

@@ -114,7 +114,8 @@ class StarNegotiation(Negotiation):
         results: List[Optional[bytes]] = [None] * len(decided)
         for i, batch in enumerate(decided):
             if batch.contributions is not None:
-                results[i] = inline.fold(fusion.merge(batch.responses), batch.contributions).tobytes()
+                results[i] = inline.fold(fusion.merge(batch.responses), batch.contributions, partial=batch.partial,
+                                         members=len(state.ranks)).tobytes()
                 decided[i] = Batch(batch.responses, None, results[i])
         cached_bit = state.cache.cached_bit
         items = [[_bit_or_response(r, cached_bit(r)) for r in batch.responses] for batch in decided]

@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.core.decision import Decision
+from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop
 from horovod.core.negotiation.frames import (GO, WANT_EVERY, WANT_NEW, WANT_NOW, Go, Group, Reply, Up, Want,
                                              group_messages, receive)
@@ -44,7 +45,7 @@ from horovod.core.set_state import SetState
 
 log = logging.getLogger("horovod")
 
-__all__ = ["WANT_NEW", "WANT_EVERY", "WANT_NOW", "GO", "parent", "children", "TreeNegotiation"]
+__all__ = ["WANT_NEW", "WANT_EVERY", "WANT_NOW", "GO", "parent", "children", "subtree_size", "TreeNegotiation"]
 
 Groups = List[Group]
 _GO_WIRE = GO.encode()
@@ -68,6 +69,15 @@ def parent(rank: int) -> int:
 def children(rank: int, size: int) -> List[int]:
     """The ranks that report to ``rank``."""
     return list(range(ARITY * rank + 1, min(ARITY * rank + ARITY + 1, size)))
+
+
+def subtree_size(rank: int, size: int) -> int:
+    """How many ranks the subtree under ``rank`` holds, ``rank`` included (a level of the heap at a time)."""
+    count, low, high = 0, rank, rank
+    while low < size:
+        count += min(high, size - 1) - low + 1
+        low, high = ARITY * low + 1, ARITY * high + ARITY
+    return count
 
 
 def merge(groups: Groups, more: Groups) -> None:
@@ -276,6 +286,9 @@ class TreeNegotiation(StarNegotiation):
                 up = self._child_groups(child)
             merge(groups, up.groups)
             datas.extend(up.datas)
+        if msg.data and self._parent is not None and self._children:
+            own = {name: state.entries[name].request for name in msg.data if name in state.entries}
+            datas = inline.fold_subtree(self.loop.rank, subtree_size(self.loop.rank, self.loop.size), own, datas)
         return groups, datas
 
     def _child_groups(self, child: int) -> Up:
@@ -286,9 +299,13 @@ class TreeNegotiation(StarNegotiation):
                 return frame
 
     def _decide(self, state: SetState, groups: Groups, datas: list) -> Decision:
-        for rank, data in datas:
-            if 0 <= rank < self.loop.size:
-                self.held.hold(state.id, rank, data)
+        size = self.loop.size
+        for key, data in datas:
+            # A rank's own, or a relay's subtree folded on the way up (its count checked: the sum must hold each
+            # rank once).
+            if (type(key) is int and 0 <= key < size) or (
+                    type(key) is tuple and 0 < key[0] < size and key[1] == subtree_size(key[0], size)):
+                self.held.hold(state.id, key, data)
         seen = sum(len(ranks) for ranks, _ in groups)
         if seen != self.loop.size or len({r for ranks, _ in groups for r in ranks}) != self.loop.size:
             raise HorovodInternalError(f"rank 0 gathered negotiation messages for {seen} ranks of {self.loop.size}")
