@@ -110,6 +110,19 @@ def test_a_relay_folds_what_its_whole_subtree_sent_and_rank_0_folds_a_few_contri
     assert up[0][0] == (1, 4) and set(up[0][1]) == {"s"}
     assert dict(up[1:]) == {1: {"t": datas[0][1]["t"]}, 4: {"t": datas[1][1]["t"]},
                             5: {"t": datas[2][1]["t"], "odd": b"xy"}}
+    # Every rank of the subtree sent every name: each folds to its own sum, in one go where the tensors are alike
+    # (t and u) and by kind where not (s).
+    other = Request("u", OpType.ALLREDUCE, "float32", (2,))
+    for names in (("t", "u"), ("s", "t", "u")):
+        whole = [(r, {"s": inputs[r].tobytes(), "t": inputs[r][::-1].tobytes(), "u": inputs[r][:2].tobytes()})
+                 for r in (1, 4, 5, 6)]
+        whole = [(r, {name: data[name] for name in names}) for r, data in whole]
+        ((key, sums),) = fold_subtree(1, 4, {"s": scaled, "t": summed, "u": other}, whole)
+        assert key == (1, 4) and list(sums) == list(names)
+        for name, part, factor in (("s", slice(None), 0.5), ("t", slice(None, None, -1), 1.0), ("u", slice(2), 1.0)):
+            if name in names:
+                np.testing.assert_allclose(np.frombuffer(sums[name], np.float32),
+                                           sum(inputs[r][part] * factor for r in (1, 4, 5, 6)), rtol=1e-6)
     # Rank 0 holds its own, rank 1's folded subtree and ranks 2-3's (leaves here, standing in for their subtrees).
     held = HeldData()
     held.hold(0, 0, {"s": inputs[0].tobytes()})

@@ -87,11 +87,15 @@ def fold_subtree(rank: int, ranks: int, requests: Dict[str, Request], datas: Lis
     all ``ranks`` of the subtree sent, the same size as this rank's own, folded into one contribution keyed
     ``(rank, ranks)``; the rest passes on as it came. ``requests``: this rank's own requests with data, by name (their
     op, dtype and prescale: a rank whose differ makes the coordinator fail the tensor, and its data is dropped)."""
+    whole = _fold_whole(rank, ranks, requests, datas)
+    if whole is not None:
+        return whole
     by_name: Dict[str, List[Tuple[Key, bytes]]] = {}
     for key, data in datas:
         for name, value in data.items():
             by_name.setdefault(name, []).append((key, value))
-    folded: Dict[str, bytes] = {}
+    # Tensors alike (op, dtype, prescale, contributors) fold together: one add per contribution, not per tensor.
+    alike: Dict[tuple, List[str]] = {}
     left: Dict[Key, Data] = {}
     for name, items in by_name.items():
         request = requests.get(name)
@@ -101,21 +105,57 @@ def fold_subtree(rank: int, ranks: int, requests: Dict[str, Request], datas: Lis
             for key, value in items:
                 left.setdefault(key, {})[name] = value
             continue
-        folded[name] = _fold_items(request, items)
+        keys = tuple(key for key, _ in items)
+        alike.setdefault((request.dtype, request.reduce_op, request.prescale, keys), []).append(name)
+    folded: Dict[str, bytes] = {}
+    for (dtype, reduce_op, prescale, keys), names in alike.items():
+        joined = [b"".join(by_name[name][index][1] for name in names) for index in range(len(keys))]
+        result = _fold_joined(dtype, reduce_op, prescale, keys, joined)
+        at = 0
+        for name in names:
+            width = len(by_name[name][0][1])
+            folded[name] = result[at:at + width]
+            at += width
     return ([((rank, ranks), folded)] if folded else []) + list(left.items())
 
 
-def _fold_items(request: Request, items: List[Tuple[Key, bytes]]) -> bytes:
-    carrier = numpy_dtype(request.dtype)
-    ufunc = reduction.ufunc_for(request.reduce_op)
-    acc = np.frombuffer(items[0][1], dtype=carrier).copy()
-    if type(items[0][0]) is int:
-        reduction.scale(acc, request.prescale)
-    for key, value in items[1:]:
+def _fold_whole(rank: int, ranks: int, requests: Dict[str, Request], datas: List[Tuple[Key, Data]]
+                ) -> Optional[List[Tuple[Key, Data]]]:
+    # The steady state, without a look at each tensor: every contributor sent the same names, all alike. (A rank
+    # whose tensor has another shape under the same name made the coordinator fail it: what is folded here is
+    # dropped.)
+    if not datas or sum(_ranks_in(key) for key, _ in datas) != ranks:
+        return None
+    own = datas[0][1]
+    names = list(own)
+    if any(data.keys() != own.keys() for _, data in datas[1:]) or any(name not in requests for name in names):
+        return None
+    kind = (requests[names[0]].dtype, requests[names[0]].reduce_op, requests[names[0]].prescale)
+    if any((request.dtype, request.reduce_op, request.prescale) != kind for request in map(requests.get, names)):
+        return None
+    joined = [b"".join([data[name] for name in names]) for _, data in datas]
+    if any(len(value) != len(joined[0]) for value in joined):
+        return None
+    result = _fold_joined(*kind, [key for key, _ in datas], joined)
+    folded, at = {}, 0
+    for name in names:
+        folded[name] = result[at:at + len(own[name])]
+        at += len(own[name])
+    return [((rank, ranks), folded)]
+
+
+def _fold_joined(dtype: str, reduce_op: int, prescale: float, keys: Sequence[Key], joined: List[bytes]) -> bytes:
+    # Each contribution prescaled (a rank's; a folded subtree's already is), then added in the order received.
+    carrier = numpy_dtype(dtype)
+    ufunc = reduction.ufunc_for(reduce_op)
+    acc = np.frombuffer(joined[0], dtype=carrier).copy()
+    if type(keys[0]) is int:
+        reduction.scale(acc, prescale)
+    for key, value in zip(keys[1:], joined[1:]):
         incoming = np.frombuffer(value, dtype=carrier)
-        if type(key) is int and request.prescale != 1.0:
+        if type(key) is int and prescale != 1.0:
             incoming = incoming.copy()
-            reduction.scale(incoming, request.prescale)
+            reduction.scale(incoming, prescale)
         ufunc(acc, incoming, out=acc)
     return acc.tobytes()
 
