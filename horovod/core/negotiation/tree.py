@@ -287,7 +287,11 @@ class TreeNegotiation(StarNegotiation):
             merge(groups, up.groups)
             datas.extend(up.datas)
         if msg.data and self._parent is not None and self._children:
-            own = {name: state.entries[name].request for name in msg.data if name in state.entries}
+            own = {}
+            for name in msg.data:       # (a failure may have dropped the entries meanwhile)
+                entry = state.entries.get(name)
+                if entry is not None:
+                    own[name] = entry.request
             datas = inline.fold_subtree(self.loop.rank, subtree_size(self.loop.rank, self.loop.size), own, datas)
         return groups, datas
 
