@@ -145,19 +145,29 @@ def _fold_whole(rank: int, ranks: int, requests: Dict[str, Request], datas: List
 
 
 def _fold_joined(dtype: str, reduce_op: int, prescale: float, keys: Sequence[Key], joined: List[bytes]) -> bytes:
-    # Each contribution prescaled (a rank's; a folded subtree's already is), then added in the order received.
     carrier = numpy_dtype(dtype)
-    ufunc = reduction.ufunc_for(reduce_op)
-    acc = np.frombuffer(joined[0], dtype=carrier).copy()
-    if type(keys[0]) is int:
-        reduction.scale(acc, prescale)
-    for key, value in zip(keys[1:], joined[1:]):
-        incoming = np.frombuffer(value, dtype=carrier)
-        if type(key) is int and prescale != 1.0:
-            incoming = incoming.copy()
-            reduction.scale(incoming, prescale)
-        ufunc(acc, incoming, out=acc)
+    count = len(joined[0]) // carrier.itemsize
+    acc = np.empty(count, carrier)
+    other = np.empty(count, carrier) if prescale != 1.0 else None
+    _accumulate(acc, joined, tuple(type(key) is not int for key in keys), prescale, reduction.ufunc_for(reduce_op),
+                other)
     return acc.tobytes()
+
+
+def _accumulate(acc: np.ndarray, contributions: Sequence[bytes], folded: Sequence[bool], prescale: float, ufunc,
+                other: Optional[np.ndarray]) -> None:
+    # Into ``acc``: the contributions in order, each prescaled but those ``folded`` on the way up (they already are);
+    # ``other`` is the scratch a prescaled one is read into.
+    acc[...] = np.frombuffer(contributions[0], dtype=acc.dtype)
+    if not (folded and folded[0]):
+        reduction.scale(acc, prescale)
+    for index, data in enumerate(contributions[1:], 1):
+        incoming = np.frombuffer(data, dtype=acc.dtype)
+        if other is not None and not (folded and folded[index]):
+            other[...] = incoming
+            reduction.scale(other, prescale)
+            incoming = other
+        ufunc(acc, incoming, out=acc)
 
 
 class HeldData:
@@ -268,21 +278,11 @@ def fold(response: Response, contributions: List[bytes], buffers: Optional[Buffe
     if any(len(c) != total * carrier.itemsize for c in contributions):
         raise HorovodInternalError(f"allreduce data for {', '.join(response.names)} that came with the negotiation "
                                    f"has the wrong size")
-    ufunc = reduction.ufunc_for(response.reduce_op)
     acc = buffers.get("negotiated", carrier, total) if buffers is not None else np.empty(total, carrier)
-    acc[...] = np.frombuffer(contributions[0], dtype=carrier)
-    if not (partial and partial[0]):
-        reduction.scale(acc, response.prescale)
     other = None
     if response.prescale != 1.0:
         other = buffers.get("negotiated-peer", carrier, total) if buffers is not None else np.empty(total, carrier)
-    for index, data in enumerate(contributions[1:], 1):
-        incoming = np.frombuffer(data, dtype=carrier)
-        if other is not None and not (partial and partial[index]):
-            other[...] = incoming
-            reduction.scale(other, response.prescale)
-            incoming = other
-        ufunc(acc, incoming, out=acc)
+    _accumulate(acc, contributions, partial, response.prescale, reduction.ufunc_for(response.reduce_op), other)
     post = response.postscale / (members or len(contributions)) if response.reduce_op == ReduceOp.AVERAGE \
         else response.postscale
     reduction.scale(acc, post)
