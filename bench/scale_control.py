@@ -275,6 +275,11 @@ def pool(saved_runs) -> dict:
     return out
 
 
+def _read(path: str) -> dict:
+    with open(path) as handle:
+        return json.load(handle)
+
+
 def _rings_of_the_repeat(seconds: float, rings: dict, colds: list) -> None:
     """Once per repeat, for the curve: the ring of 2 with its caches emptied, and a rank's full refill at np 4."""
     rings["evicted"].append(core_sharing.ring(2, seconds, CURVE_EVICT_MIB))
@@ -303,7 +308,7 @@ def main(argv=None) -> int:
                         help="write the repeats of these runs' JSONs as one run's (nothing is measured)")
     args = parser.parse_args(argv)
     if args.pool:
-        saved = pool([json.load(open(path)) for path in args.pool])
+        saved = pool([_read(path) for path in args.pool])
         print(markdown(saved["medians"]))
         with open(args.json, "w") as handle:
             json.dump(saved, handle, indent=1)

@@ -109,13 +109,8 @@ def fold_subtree(rank: int, ranks: int, requests: Dict[str, Request], datas: Lis
         alike.setdefault((request.dtype, request.reduce_op, request.prescale, keys), []).append(name)
     folded: Dict[str, bytes] = {}
     for (dtype, reduce_op, prescale, keys), names in alike.items():
-        joined = [b"".join(by_name[name][index][1] for name in names) for index in range(len(keys))]
-        result = _fold_joined(dtype, reduce_op, prescale, keys, joined)
-        at = 0
-        for name in names:
-            width = len(by_name[name][0][1])
-            folded[name] = result[at:at + width]
-            at += width
+        per_key = [{name: by_name[name][index][1] for name in names} for index in range(len(keys))]
+        folded.update(_fold_alike((dtype, reduce_op, prescale), keys, names, per_key))
     return ([((rank, ranks), folded)] if folded else []) + list(left.items())
 
 
@@ -133,15 +128,23 @@ def _fold_whole(rank: int, ranks: int, requests: Dict[str, Request], datas: List
     kind = (requests[names[0]].dtype, requests[names[0]].reduce_op, requests[names[0]].prescale)
     if any((request.dtype, request.reduce_op, request.prescale) != kind for request in map(requests.get, names)):
         return None
-    joined = [b"".join([data[name] for name in names]) for _, data in datas]
+    folded = _fold_alike(kind, [key for key, _ in datas], names, [data for _, data in datas])
+    return None if folded is None else [((rank, ranks), folded)]
+
+
+def _fold_alike(kind: tuple, keys: Sequence[Key], names: List[str], per_key: List[Data]) -> Optional[Data]:
+    # Tensors alike in (dtype, op, prescale) from the same contributors, each contributor's joined in ``names``'s
+    # order and folded in one go, then cut back into tensors; None where the contributors' lengths differ.
+    joined = [b"".join([data[name] for name in names]) for data in per_key]
     if any(len(value) != len(joined[0]) for value in joined):
         return None
-    result = _fold_joined(*kind, [key for key, _ in datas], joined)
+    result = _fold_joined(*kind, keys, joined)
     folded, at = {}, 0
     for name in names:
-        folded[name] = result[at:at + len(own[name])]
-        at += len(own[name])
-    return [((rank, ranks), folded)]
+        width = len(per_key[0][name])
+        folded[name] = result[at:at + width]
+        at += width
+    return folded
 
 
 def _fold_joined(dtype: str, reduce_op: int, prescale: float, keys: Sequence[Key], joined: List[bytes]) -> bytes:
