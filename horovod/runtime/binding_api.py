@@ -1,9 +1,10 @@
 """The names every binding exports alike: ``init``, ``rank``, ``size`` and the other basics, the errors, the process
 sets and the reduction ops.
 
-A binding's ``__init__`` does ``from horovod.runtime.binding_api import *`` and adds :data:`__all__` to its own list,
-so ``hvd.rank()`` is the same function under ``horovod.torch``, ``horovod.tensorflow``, ``horovod.keras``,
-``horovod.numpy`` and ``horovod.jax``, declared once.
+A binding's ``__init__`` imports these names from here by name and adds :data:`__all__` to its own list, so
+``hvd.rank()`` is the same function under ``horovod.torch``, ``horovod.tensorflow``, ``horovod.keras``,
+``horovod.numpy`` and ``horovod.jax``, declared once. A name added here is added to each binding's import too
+(``tests/test_compat_imports.py`` checks that every binding exports all of :data:`__all__`).
 """
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
