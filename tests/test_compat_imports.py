@@ -68,10 +68,6 @@ def test_average_backwards_compatibility_rule():
 @pytest.mark.parametrize("old, new", [
     ("horovod.common.process_sets", "horovod.runtime.process_sets"),
     ("horovod.common.basics", "horovod.runtime.basics"),
-    ("horovod.common.collectives", "horovod.runtime.collectives"),
-    ("horovod.common.compression", "horovod.runtime.compression"),
-    ("horovod.common.topology", "horovod.runtime.topology"),
-    ("horovod.common.launch_env", "horovod.runtime.launch_env"),
     ("horovod.common.elastic", "horovod.elastic"),
     ("horovod.elastic.worker", "horovod.runtime.elastic_worker"),
     ("horovod.elastic.protocol", "horovod.common.elastic_records"),
@@ -84,6 +80,27 @@ def test_old_paths_hold_the_same_objects(old, new):
         if not name.startswith("__"):
             assert getattr(shim, name) is value, name
     assert set(getattr(real, "__all__", ())) <= set(dir(shim))
+
+
+@pytest.mark.parametrize("old", ["horovod.common.collectives", "horovod.common.compression",
+                                 "horovod.common.topology", "horovod.common.launch_env"])
+def test_paths_horovod_never_had_are_gone(old):
+    """Horovod 0.28.1's ``horovod/common`` had no such modules; the real ones live in ``horovod.runtime``."""
+    with pytest.raises(ImportError):
+        importlib.import_module(old)
+
+
+@pytest.mark.parametrize("binding", ["horovod.numpy", "horovod.torch", "horovod.tensorflow",
+                                     "horovod.tensorflow.keras", "horovod.keras", "horovod.jax",
+                                     "horovod.torch.mpi_ops", "horovod.tensorflow.mpi_ops"])
+def test_bindings_export_every_shared_name(binding):
+    """Each binding imports the shared names by name: all of ``binding_api.__all__``, the very objects, and every
+    name of its own ``__all__`` resolves (``from binding import *`` works)."""
+    from horovod.runtime import binding_api
+    module = pytest.importorskip(binding)
+    for name in binding_api.__all__:
+        assert getattr(module, name) is getattr(binding_api, name), name
+    assert [name for name in module.__all__ if not hasattr(module, name)] == []
 
 
 def test_no_import_finder_serves_horovod():

@@ -104,8 +104,3 @@ def test_cast_compressor_round_trip_and_passthrough():
     assert comp.Compression.none.compress(x)[0] is x
     tensors, ctxs = comp.compress_all(comp.Compression.fp16, [x, ints])
     assert [t.dtype for t in comp.decompress_all(comp.Compression.fp16, tensors, ctxs)] == [x.dtype, ints.dtype]
-
-
-def test_old_compression_path_is_the_same_module():
-    import horovod.common.compression as old
-    assert old.NoneCompressor is comp.NoneCompressor
