@@ -18,7 +18,12 @@ except ImportError as _error:  # pragma: no cover - exercised by a test that hid
     raise ImportError(f"horovod.jax needs JAX: {install_hint('jax')}") from _error
 
 from horovod.runtime import binding_api
-from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, errors, ops, process sets...)
+from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
+                                         ProcessSet, Product, Sum, TensorMismatchError, add_process_set, ccl_built,
+                                         cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
+                                         gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                                         mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                         remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from horovod.jax.compression import Compression
 from horovod.jax.functions import allgather_object, broadcast_object, broadcast_optimizer_state, \
     broadcast_parameters

@@ -10,7 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from horovod.runtime import binding_api
-from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, ops, process sets...)
+from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
+                                         ProcessSet, Product, Sum, TensorMismatchError, add_process_set, ccl_built,
+                                         cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
+                                         gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                                         mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                         remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from horovod.runtime.collectives import (Handle, allgather, allgather_async, allgather_object, allreduce,
                                          allreduce_async, alltoall, alltoall_async, barrier, broadcast,
                                          broadcast_async, broadcast_object, grouped_allgather_async,

@@ -8,16 +8,20 @@ Importing it starts nothing; ``hvd.init()`` does.
 """
 
 from horovod.runtime import binding_api
-from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, ops, process sets...)
+from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
+                                         ProcessSet, Product, Sum, TensorMismatchError, add_process_set, ccl_built,
+                                         cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
+                                         gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                                         mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                         remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from horovod.runtime.mpi_ops_names import check_num_rank_power_of_2
-from horovod.runtime.process_sets import global_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from horovod.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
-from horovod.tensorflow.mpi_ops import (Adasum, Average, _executing_eagerly, allgather,
-                                        allreduce, alltoall, barrier, broadcast, broadcast_, grouped_allgather,
-                                        grouped_allreduce, grouped_reducescatter, join, local_rank_op,
-                                        local_size_op, process_set_included_op, rank_op, reducescatter, size_op)
+from horovod.tensorflow.mpi_ops import (_executing_eagerly, allgather, allreduce, alltoall, barrier, broadcast,
+                                        broadcast_, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
+                                        local_rank_op, local_size_op, process_set_included_op, rank_op, reducescatter,
+                                        size_op)
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 

@@ -23,7 +23,14 @@ from horovod.runtime import collective_gradients as _grads
 from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.compression import compress_all, decompress_all
-from horovod.runtime.mpi_ops_names import *  # noqa: F401,F403 — Horovod's names here too (init, rank, size, ...)
+# Horovod's names here too (init, rank, size, ...); the op constants and process sets are set below.
+from horovod.runtime.mpi_ops_names import (HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError,
+                                           add_process_set, ccl_built, check_num_rank_power_of_2, cross_rank,
+                                           cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                                           handle_average_backwards_compatibility, init, is_homogeneous, is_initialized,
+                                           local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+                                           nccl_built, rank, remove_process_set, rocm_built, shutdown, size,
+                                           start_timeline, stop_timeline)
 from horovod.runtime.mpi_ops_names import _basics  # noqa: F401 — Horovod's mpi_ops._basics
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow._tensors import check_dtype, run_numpy, to_core

@@ -14,15 +14,18 @@ import keras
 import numpy as np
 
 from horovod.runtime import binding_api
-from horovod.runtime.binding_api import *  # noqa: F401,F403 (init, rank, size, ops, process sets...)
-from horovod.runtime.process_sets import global_process_set
+from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
+                                         ProcessSet, Product, Sum, TensorMismatchError, add_process_set, ccl_built,
+                                         cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
+                                         gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                                         mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                         remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from horovod.tensorflow import mpi_ops as _ops
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from horovod.tensorflow.keras import callbacks
 from horovod.tensorflow.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
                                                 distribute_in_place)
-from horovod.tensorflow.mpi_ops import Average
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 
