@@ -147,7 +147,7 @@ def test_equal_messages_compare_equal_as_sent_and_decode_equal():
     assert decode(Msg(False, (3, 5), (REQUEST,), {}).encode(), 2).message == MESSAGE
 
 
-@pytest.mark.parametrize("requests", [[("t",)], [None], [REQUEST.to_wire()[:-1] + ("payload",)]], ids=repr)
+@pytest.mark.parametrize("requests", [[("t",)], [None], [REQUEST.to_wire()[:-2] + ("payload", "cpu")]], ids=repr)
 def test_a_groups_requests_are_checked_in_full_where_they_are_decoded(requests):
     up = decode(("up", [([3, 9], (False, (), requests))], []), 1)     # passed on by the ranks in between
     with pytest.raises(HorovodInternalError, match=r"malformed negotiation message from ranks \[3, 9\]"):

@@ -161,6 +161,12 @@ class Config:
     torus_allreduce: bool = _s(False, "2D torus allreduce", flag="--torus-allreduce", yaml="params.torus_allreduce",
                                inert="there is no torus allreduce in this version")
     shm_disable: bool = _s(False, "never use the shared-memory transport between ranks of one host", agreed=True)
+    device_plane: str = _s(
+        "auto", "how collectives on accelerator tensors travel: nccl (the device plane: NCCL through torch's "
+        "ProcessGroupNCCL, fused in device memory), staged (through pinned host memory and the CPU data plane), gloo "
+        "(the device plane with Gloo standing in for NCCL, and host tensors sent through it: the device path on a "
+        "machine without a GPU) or auto (nccl when torch has CUDA and NCCL and every rank of a host has a GPU of its "
+        "own, else staged)", choices=("auto", "nccl", "staged", "gloo"), agreed=True)
     negotiation: str = _s(
         "auto", "how ranks agree on which tensors are ready: peer (every rank sends its requests to every other "
         "rank and all decide alike: one network hop), star (through rank 0: two hops, fewer messages), tree "

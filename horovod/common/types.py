@@ -13,6 +13,15 @@ from typing import NamedTuple, Optional, Tuple
 import numpy as np
 
 
+CPU_DEVICE = "cpu"   # a request's device when its tensor is in host memory (Horovod's CPU_DEVICE_ID)
+
+
+def device_kind(device: str) -> str:
+    """The kind of a device name, what every rank of a collective must agree on: ``"cuda:1"`` → ``"cuda"`` (ranks
+    use different device indices, as each rank drives its own GPU)."""
+    return device.split(":", 1)[0]
+
+
 class ReduceOp(enum.IntEnum):
     """Horovod's op constants (``hvd.Average`` ... ``hvd.Product``), same values."""
 
@@ -85,11 +94,12 @@ class Request(NamedTuple):
     splits: Optional[Tuple[int, ...]] = None   # alltoall rows sent to each rank
     group: int = -1              # grouped ops and optimizer groups stay fused together
     payload: Optional[Tuple[int, ...]] = None  # process-set ranks for ADD/REMOVE
+    device: str = CPU_DEVICE                   # where the tensor lives: "cpu", or an accelerator ("cuda:1")
 
     def to_wire(self) -> tuple:
         """The request as a tuple of primitives, for the control codec (:mod:`horovod.common.wire`)."""
         return (self.name, int(self.op), self.dtype, self.shape, int(self.reduce_op), float(self.prescale),
-                float(self.postscale), int(self.root_rank), self.splits, int(self.group), self.payload)
+                float(self.postscale), int(self.root_rank), self.splits, int(self.group), self.payload, self.device)
 
     @staticmethod
     def from_wire(data) -> "Request":
@@ -102,7 +112,7 @@ class Request(NamedTuple):
                 and isinstance(r.reduce_op, int) and isinstance(r.prescale, float)
                 and isinstance(r.postscale, float) and isinstance(r.root_rank, int) and isinstance(r.group, int)
                 and (r.splits is None or (isinstance(r.splits, tuple) and all(isinstance(s, int) for s in r.splits)))
-                and (r.payload is None or isinstance(r.payload, tuple))):
+                and (r.payload is None or isinstance(r.payload, tuple)) and isinstance(r.device, str)):
             raise ValueError(f"malformed request {data!r:.200}")
         return r
 
@@ -127,12 +137,13 @@ class Response(NamedTuple):
     error: Optional[str] = None
     last_joined: int = -1
     payload: Optional[Tuple[int, ...]] = None
+    device: str = CPU_DEVICE     # the kind of device every rank's tensors live on ("cpu", "cuda"): which data plane
 
     def to_wire(self) -> tuple:
         """The response as a tuple of primitives, for the control codec (:mod:`horovod.common.wire`)."""
         return (int(self.op), self.names, self.dtype, self.shapes, int(self.reduce_op), float(self.prescale),
                 float(self.postscale), int(self.root_rank), self.sizes, self.error, int(self.last_joined),
-                self.payload)
+                self.payload, self.device)
 
     @staticmethod
     def from_wire(data) -> "Response":
@@ -141,7 +152,8 @@ class Response(NamedTuple):
             raise ValueError("malformed response")
         r = Response(*data)
         if not (isinstance(r.op, int) and isinstance(r.names, tuple) and all(isinstance(n, str) for n in r.names)
-                and isinstance(r.shapes, tuple) and (r.error is None or isinstance(r.error, str))):
+                and isinstance(r.shapes, tuple) and (r.error is None or isinstance(r.error, str))
+                and isinstance(r.device, str)):
             raise ValueError(f"malformed response {data!r:.200}")
         return r
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from horovod.common.types import OpType, Request, Response
+from horovod.common.types import OpType, Request, Response, device_kind
 from horovod.core import fusion, validation
 from horovod.core.deadlock import DeadlockWatch, describe
 from horovod.core.decision import FATAL_ERROR, Decision, Message, StallReport
@@ -289,7 +289,8 @@ class Coordinator:
         if op in _IDENTICAL_OPS and len(got) == self.size and all(r == first for r in got.values()):
             # The steady state: every rank sent the very same request, nothing to compare field by field.
             response = Response(op, (name,), first.dtype, (first.shape,), first.reduce_op, first.prescale,
-                                first.postscale, first.root_rank, payload=first.payload)
+                                first.postscale, first.root_rank, payload=first.payload,
+                                device=device_kind(first.device))
             if first.group < 0:
                 self._agreed[name] = response
             return response

@@ -28,7 +28,7 @@ _FUSIBLE = (OpType.ALLREDUCE,)
 
 
 def _key(response: Response) -> Tuple:
-    return (response.dtype, response.reduce_op, response.prescale, response.postscale)
+    return (response.dtype, response.reduce_op, response.prescale, response.postscale, response.device)
 
 
 def plan_batches(responses: Sequence[Response], groups: Sequence[int], threshold: int) -> List[List[Response]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Collection, Dict, Optional, Sequence
 
-from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response
+from horovod.common.types import OP_NAMES, OpType, ReduceOp, Request, Response, device_kind
 
 __all__ = ["respond", "error"]
 
@@ -40,6 +40,16 @@ def _mismatch(name: str, op: int, field: str, got: Dict[int, Request], ranks: Se
                        f"Every rank must submit the same {field} for a tensor name.")
 
 
+def _device_mismatch(name: str, op: int, got: Dict[int, Request], ranks: Sequence[int]) -> Optional[Response]:
+    """CPU against GPU fails, as Horovod's "Mismatched CPU/GPU device selection"; the listing names each rank's
+    device, indices included (ranks rightly use different GPUs, so only the kind must agree)."""
+    if len({device_kind(r.device) for r in got.values()}) <= 1:
+        return None
+    listing = ", ".join(f"rank {ranks[i]}: {got[i].device}" for i in sorted(got))
+    return error(name, f"Mismatched {OP_NAMES.get(op, op)} CPU/GPU device selection for tensor '{name}': {listing}. "
+                       f"Every rank must submit the tensor on the same kind of device.")
+
+
 def _checks(op: int) -> list:
     """(field, how to read it) of every field that must agree for ``op``."""
     checks = [("operation", lambda r: OP_NAMES.get(r.op, r.op)), ("data type", lambda r: r.dtype)]
@@ -68,6 +78,10 @@ def respond(name: str, got: Dict[int, Request], ranks: Sequence[int], joined: Co
         failed = _mismatch(name, op, field, got, ranks, value)
         if failed is not None:
             return failed
+    failed = _device_mismatch(name, op, got, ranks)
+    if failed is not None:
+        return failed
+    device = device_kind(first.device)
     absent = [ranks[i] for i in joined if i not in got]
     if absent and op in _JOIN_UNSUPPORTED:
         return error(name, f"{OP_NAMES[op]} is not supported with Join at this time (tensor '{name}'; "
@@ -75,7 +89,7 @@ def respond(name: str, got: Dict[int, Request], ranks: Sequence[int], joined: Co
     size = len(ranks)
     if op == OpType.ALLGATHER:
         dims = tuple(got[i].shape[0] if i in got else 0 for i in range(size))
-        return Response(op, (name,), first.dtype, (first.shape,), sizes=(dims,))
+        return Response(op, (name,), first.dtype, (first.shape,), sizes=(dims,), device=device)
     if op == OpType.ALLTOALL:
         matrix = []
         for i in range(size):
@@ -84,6 +98,6 @@ def respond(name: str, got: Dict[int, Request], ranks: Sequence[int], joined: Co
                 return error(name, f"ALLTOALL splits of rank {ranks[i]} for tensor '{name}' are {splits}: need "
                                    f"{size} non-negative values summing to the first dimension {got[i].shape[0]}")
             matrix.append(tuple(splits))
-        return Response(op, (name,), first.dtype, (first.shape,), sizes=tuple(matrix))
+        return Response(op, (name,), first.dtype, (first.shape,), sizes=tuple(matrix), device=device)
     return Response(op, (name,), first.dtype, (first.shape,), first.reduce_op, first.prescale, first.postscale,
-                    first.root_rank, payload=first.payload)
+                    first.root_rank, payload=first.payload, device=device)

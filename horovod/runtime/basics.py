@@ -19,6 +19,7 @@ from horovod.core.bootstrap import connect
 from horovod.core.engine import Engine
 from horovod.core.negotiation import peer_negotiation
 from horovod.runtime import context as _ctx
+from horovod.runtime import device
 from horovod.runtime import elastic_worker
 from horovod.runtime.process_sets import (ProcessSet, global_process_set, _add_process_set_impl,  # noqa: F401
                                           _get_process_set_ids_and_ranks, _process_set_rank, _process_set_size,
@@ -70,12 +71,17 @@ def _start_engine(config, topo, static_sets: List[ProcessSet]) -> _ctx.Context:
     peer_negotiation(config, size)      # a contradictory setting fails before any connection is made
     _generation += 1
     transport = None
+    generation = _generation if topo.generation is None else topo.generation
     if size > 1:
-        generation = _generation if topo.generation is None else topo.generation
         abandoned = (lambda: elastic_worker.round_broken(generation)) if config.elastic else None
         transport = connect(config, topo, f"{topo.scope}.mesh.{generation}", abandoned)
     timeline = _timeline.from_config(config, rank)
-    engine = Engine(config, rank, size, transport, timeline)
+    try:
+        plane = device.make_plane(config, topo, f"{topo.scope}.device.{generation}")
+    except BaseException:
+        transport.close() if transport is not None else None
+        raise
+    engine = Engine(config, rank, size, transport, timeline, plane)
     engine.add_static_set(0, range(size))
     for index, ps in enumerate(static_sets, start=1):
         engine.add_static_set(index, ps.ranks)

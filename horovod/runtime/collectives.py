@@ -15,9 +15,10 @@ import cloudpickle
 import numpy as np
 
 from horovod.runtime import basics
+from horovod.runtime import device as _device
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.common.exceptions import UnsupportedOperationError
-from horovod.common.types import OpType, ReduceOp, Request, dtype_name
+from horovod.common.types import CPU_DEVICE, OpType, ReduceOp, Request, dtype_name
 from horovod.common.util import is_power_of_two
 from horovod.core.handles import Handle
 
@@ -83,8 +84,28 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
-def _dtype(array: np.ndarray, dtype: Optional[str]) -> str:
-    return dtype or dtype_name(array)
+def _input(array, output=None) -> tuple:
+    """``(array, output, device, restore)`` for a collective's input: a host array made contiguous, or a device
+    tensor routed to the device plane or staged through host memory (:func:`horovod.runtime.device.route`)."""
+    if _device.is_device(array):
+        array, output, device, restore = _device.route(basics.engine().device_plane, array, output)
+        return (array if restore is None else _contiguous(array)), output, device, restore
+    return _contiguous(np.asarray(array)), output, CPU_DEVICE, None
+
+
+def _check_output(what: str, output, shape) -> None:
+    """An output buffer must have the input's shape, be contiguous and writable (a device tensor's is, by its
+    binding)."""
+    if output.shape != tuple(shape) or (not _device.is_device(output) and not output.flags.c_contiguous):
+        raise ValueError(f"{what} output must be contiguous with shape {tuple(shape)}")
+    if not _device.is_device(output) and not output.flags.writeable:
+        raise ValueError(f"{what} in place needs a writable array; this one is read-only")
+
+
+def _dtype(array, dtype: Optional[str]) -> str:
+    if dtype:
+        return dtype
+    return array.dtype if _device.is_device(array) else dtype_name(np.asarray(array))
 
 
 class GroupHandle(Handle):
@@ -124,10 +145,16 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
     set_id = process_set.process_set_id if process_set is not None else None
     if set_id is None:
         set_id = _set_id(process_set)
+    device, restore = CPU_DEVICE, None
     if type(array) is not np.ndarray:
-        array = np.asarray(array)
-    array = _contiguous(array)
-    dtype = dtype or dtype_name(array)
+        if _device.is_device(array):
+            dtype = dtype or array.dtype
+            array, output, device, restore = _device.route(basics.engine().device_plane, array, output, reduce_op)
+        else:
+            array = np.asarray(array)
+    if type(array) is np.ndarray:
+        array = _contiguous(array)
+        dtype = dtype or dtype_name(array)
     if reduce_op == Adasum:
         size = len(_set_ranks(set_id))
         if set_id != 0:
@@ -138,16 +165,13 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
             raise ValueError(f"Adasum needs floating-point tensors, not {dtype}")
     if dtype == "bool" and (reduce_op == Average or prescale_factor != 1.0 or postscale_factor != 1.0):
         raise ValueError("boolean tensors cannot be averaged or scaled; use op=hvd.Sum, Min or Max")
-    if output is not None and output is not array and (output.shape != array.shape
-                                                       or not output.flags.c_contiguous):
-        raise ValueError(f"allreduce output must be contiguous with shape {array.shape}")
-    if output is not None and not output.flags.writeable:
-        raise ValueError(f"allreduce in place needs a writable array; this one is read-only")
+    if output is not None and output is not array:
+        _check_output("allreduce", output, array.shape)
     full_name = _full_name or (f"allreduce.{name}" if name else _auto_name("allreduce", process_set))
     request = _new_request(Request, (full_name, OpType.ALLREDUCE, dtype, array.shape, int(reduce_op),
                                      float(prescale_factor), float(postscale_factor), -1, None, _group,
-                                     (_group_size,) if _group >= 0 else None))
-    return basics.engine().submit(request, array, output, set_id)
+                                     (_group_size,) if _group >= 0 else None, device))
+    return _device.wrap_staged(basics.engine().submit(request, array, output, set_id), restore)
 
 
 def allreduce(array: np.ndarray, **kwargs) -> np.ndarray:
@@ -181,12 +205,14 @@ def allgather_async(array: np.ndarray, name: Optional[str] = None, process_set: 
                     _group_size: int = 0) -> Handle:
     """Start an allgather: arrays concatenated on the first dimension, which may differ per rank."""
     set_id = _set_id(process_set)
-    array = _contiguous(np.asarray(array))
+    dtype = _dtype(array, dtype)
+    array, _, device, restore = _input(array)
     if array.ndim == 0:
         array = array.reshape(1)
-    request = Request(_full_name or _name("allgather", name, process_set), OpType.ALLGATHER,
-                      _dtype(array, dtype), tuple(array.shape), group=_group, payload=(_group_size,) if _group >= 0 else None)
-    return basics.engine().submit(request, array, None, set_id)
+    request = Request(_full_name or _name("allgather", name, process_set), OpType.ALLGATHER, dtype,
+                      tuple(array.shape), group=_group, payload=(_group_size,) if _group >= 0 else None,
+                      device=device)
+    return _device.wrap_staged(basics.engine().submit(request, array, None, set_id), restore)
 
 
 def allgather(array: np.ndarray, **kwargs) -> np.ndarray:
@@ -217,14 +243,13 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: Optional[str] = Non
     ranks = _set_ranks(set_id)
     if root_rank not in ranks:
         raise ValueError(f"broadcast root_rank {root_rank} is not a member of the process set {list(ranks)}")
-    array = _contiguous(np.asarray(array))
-    if output is not None and (output.shape != array.shape or not output.flags.c_contiguous):
-        raise ValueError(f"broadcast output must be contiguous with shape {array.shape}")
-    if output is not None and not output.flags.writeable:
-        raise ValueError(f"broadcast in place needs a writable array; this one is read-only")
-    request = Request(_name("broadcast", name, process_set), OpType.BROADCAST, _dtype(array, dtype),
-                      tuple(array.shape), root_rank=int(root_rank))
-    return basics.engine().submit(request, array, output, set_id)
+    dtype = _dtype(array, dtype)
+    array, output, device, restore = _input(array, output)
+    if output is not None:
+        _check_output("broadcast", output, array.shape)
+    request = Request(_name("broadcast", name, process_set), OpType.BROADCAST, dtype, tuple(array.shape),
+                      root_rank=int(root_rank), device=device)
+    return _device.wrap_staged(basics.engine().submit(request, array, output, set_id), restore)
 
 
 def broadcast(array: np.ndarray, root_rank: int, **kwargs) -> np.ndarray:
@@ -243,7 +268,8 @@ def alltoall_async(array: np.ndarray, splits=None, name: Optional[str] = None,
     """
     set_id = _set_id(process_set)
     size = len(_set_ranks(set_id))
-    array = _contiguous(np.asarray(array))
+    dtype = _dtype(array, dtype)
+    array, _, device, restore = _input(array)
     if array.ndim == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
     if splits is None:
@@ -255,9 +281,9 @@ def alltoall_async(array: np.ndarray, splits=None, name: Optional[str] = None,
     if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != array.shape[0]:
         raise ValueError(f"alltoall splits {list(splits)} must hold {size} non-negative values summing to the first "
                          f"dimension {array.shape[0]}")
-    request = Request(_name("alltoall", name, process_set), OpType.ALLTOALL, _dtype(array, dtype),
-                      tuple(array.shape), splits=splits)
-    return basics.engine().submit(request, array, None, set_id)
+    request = Request(_name("alltoall", name, process_set), OpType.ALLTOALL, dtype, tuple(array.shape),
+                      splits=splits, device=device)
+    return _device.wrap_staged(basics.engine().submit(request, array, None, set_id), restore)
 
 
 def alltoall(array: np.ndarray, splits=None, **kwargs):
@@ -291,16 +317,16 @@ def reducescatter_async(array: np.ndarray, name: Optional[str] = None, op: int =
     """
     check_reducescatter_op(op)
     set_id = _set_id(process_set)
-    array = _contiguous(np.asarray(array))
+    dtype = _dtype(array, dtype)
+    array, _, device, restore = _input(array)
     if array.ndim == 0:
         array = array.reshape(1)
-    dtype = _dtype(array, dtype)
     if dtype == "bool":
         raise ValueError("reducescatter does not support boolean tensors")
     request = Request(_full_name or _name("reducescatter", name, process_set), OpType.REDUCESCATTER, dtype,
                       tuple(array.shape), int(op), float(prescale_factor), float(postscale_factor), group=_group,
-                      payload=(_group_size,) if _group >= 0 else None)
-    return basics.engine().submit(request, array, None, set_id)
+                      payload=(_group_size,) if _group >= 0 else None, device=device)
+    return _device.wrap_staged(basics.engine().submit(request, array, None, set_id), restore)
 
 
 def reducescatter(array: np.ndarray, **kwargs) -> np.ndarray:

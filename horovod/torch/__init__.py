@@ -29,6 +29,10 @@ from horovod.torch.sync_batch_norm import SyncBatchNorm
 from horovod.runtime.gossip import gossip_process_sets  # noqa: E402
 from horovod.torch.async_optimizers import GossipOptimizer, LocalSGDOptimizer, OuterOptimizer  # docs/async.md
 from horovod.torch import elastic  # noqa: E402 — hvd.elastic, as in Horovod
+from horovod.runtime.device import register_plane as _register_plane
+from horovod.torch.device_plane import plane_factory as _plane_factory
+
+_register_plane(_plane_factory)     # every later hvd.init() may give its job the NCCL (or Gloo stand-in) plane
 
 __all__ = binding_api.__all__ + [
     # collectives

@@ -1,8 +1,11 @@
-"""Tensor <-> numpy conversion for the torch binding: zero-copy views of CPU tensors, bfloat16 as 16-bit words.
+"""Tensors to the core for the torch binding: zero-copy numpy views of CPU tensors, descriptors of GPU tensors.
 
-The core works on numpy arrays only. A contiguous CPU tensor is handed over as a view of its own memory; a
-non-contiguous one travels as a contiguous copy (and in-place ops copy the result back); bfloat16, which numpy lacks,
-travels as its raw ``uint16`` bit pattern with ``dtype="bfloat16"`` so the core widens it to reduce.
+A contiguous CPU tensor is handed over as a numpy view of its own memory; a non-contiguous one travels as a
+contiguous copy (and in-place ops copy the result back); bfloat16, which numpy lacks, travels as its raw ``uint16``
+bit pattern with ``dtype="bfloat16"`` so the core widens it to reduce. A tensor on a GPU (or any other device) is
+handed over as a :class:`~horovod.common.device.DeviceTensor` with an event on its producer's stream: the job's
+device plane runs it, or the front door stages it through host memory with :data:`TORCH_OPS`. Under the Gloo
+stand-in (``HOROVOD_DEVICE_PLANE=gloo``) CPU tensors take that same device path.
 """
 
 from __future__ import annotations
@@ -12,24 +15,22 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["check_tensor", "numpy_view", "inplace_view", "as_input", "as_input_view", "as_output",
-           "to_tensor"]
+from horovod.common.device import STANDIN_KIND, DeviceTensor
+from horovod.runtime.device import takes_host_tensors
+from horovod.torch.device_streams import ready_event, wait_ready
 
-_GPU_MESSAGE = ("horovod-py supports only CPU tensors for now, but got a tensor on {device}. Move it to the CPU "
-                "with tensor.cpu() before the collective (and the result back with .to(device)) until GPU support "
-                "exists.")
+__all__ = ["check_tensor", "numpy_view", "inplace_view", "as_input", "as_input_view", "as_output",
+           "to_tensor", "core_dtype", "settle", "TORCH_OPS"]
 
 
 def check_tensor(tensor, what: str = "tensor") -> torch.Tensor:
-    """Validate a collective's input: a dense CPU tensor.
+    """Validate a collective's input: a dense tensor (on any device).
 
     Raises:
-        TypeError: not a tensor. ValueError: a GPU (or other non-CPU) tensor, or a sparse one.
+        TypeError: not a tensor. ValueError: a sparse one.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
-    if not tensor.is_cpu:      # (``is_cpu`` costs a sixth of ``device.type``: this runs per gradient)
-        raise ValueError(_GPU_MESSAGE.format(device=tensor.device))
     if tensor.layout != torch.strided:
         raise ValueError(f"{what} has layout {tensor.layout}; sparse tensors go through "
                          f"hvd.sparse_allreduce_async (or DistributedOptimizer(sparse_as_dense=True))")
@@ -48,10 +49,42 @@ def numpy_view(tensor: torch.Tensor) -> Tuple[np.ndarray, Optional[str]]:
     return t.numpy(), None
 
 
+def _on_device_path(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` goes to the core as a DeviceTensor: it is not on the CPU, or the Gloo stand-in takes
+    CPU tensors."""
+    return not tensor.is_cpu or takes_host_tensors()
+
+
+def core_dtype(dtype: torch.dtype) -> str:
+    """The core's name of a torch dtype.
+
+    Raises:
+        ValueError: a dtype the core does not reduce.
+    """
+    found = _CORE_DTYPES.get(dtype)
+    if found is None:
+        raise ValueError(f"unsupported data type {dtype}; supported: {', '.join(n for _, n in _CORE_DTYPES.values())}")
+    return found[1]
+
+
+def as_device(tensor: torch.Tensor) -> DeviceTensor:
+    """The descriptor of a contiguous (copied where it is not) ``tensor``, with an event on its producer stream."""
+    t = tensor.detach() if tensor.requires_grad else tensor
+    if not t.is_contiguous():
+        t = t.contiguous()
+    device = t.device
+    name = f"{STANDIN_KIND}:0" if t.is_cpu else f"{device.type}:{device.index or 0}"
+    return DeviceTensor(t, name, core_dtype(t.dtype), tuple(t.shape), ready_event(t), TORCH_OPS)
+
+
 def as_input(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Optional[str]]:
     """The numpy array to submit for ``tensor``: a view when contiguous, else a view of a contiguous copy. The
-    array keeps the memory it shows alive, so the caller need not keep ``tensor``."""
+    array keeps the memory it shows alive, so the caller need not keep ``tensor``. A tensor on the device path
+    gives its :class:`DeviceTensor`."""
     check_tensor(tensor, what)
+    if _on_device_path(tensor):
+        described = as_device(tensor)
+        return described, described.dtype
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     return numpy_view(tensor)
@@ -87,6 +120,8 @@ def inplace_view(tensor: torch.Tensor) -> Optional[tuple]:
     Raises:
         TypeError, ValueError: as :func:`check_tensor`.
     """
+    if not tensor.is_cpu or takes_host_tensors():
+        return None
     try:
         entry = _inplace_views.get(tensor.data_ptr())
     except (AttributeError, RuntimeError):     # not a tensor, or one without a data pointer (sparse)
@@ -123,6 +158,9 @@ def as_input_view(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarra
     """:func:`as_input`, and whether the array is ``tensor``'s own memory (contiguous), so an in-place result
     written there needs no copy back."""
     check_tensor(tensor, what)
+    if _on_device_path(tensor):
+        described = as_device(tensor)
+        return described, described.dtype, tensor.is_contiguous()
     if not tensor.is_contiguous():
         view, dtype = numpy_view(tensor.contiguous())
         return view, dtype, False
@@ -134,8 +172,19 @@ def as_output(tensor: torch.Tensor) -> Tuple[np.ndarray, Callable[[object], torc
     """A contiguous numpy buffer for the core to write into, and a finisher returning ``tensor`` holding the result.
 
     A contiguous tensor is written in place; a non-contiguous one gets a contiguous scratch buffer that the
-    finisher copies back.
+    finisher copies back. On the device path the buffer is a :class:`DeviceTensor` over the (scratch) tensor.
     """
+    if _on_device_path(tensor):
+        target = tensor if tensor.is_contiguous() else torch.empty(tensor.shape, dtype=tensor.dtype,
+                                                                    device=tensor.device)
+
+        def finish_device(result) -> torch.Tensor:
+            settle(result)
+            if target is not tensor:
+                with torch.no_grad():
+                    tensor.copy_(target)
+            return tensor
+        return as_device(target), finish_device
     if tensor.is_contiguous():
         view, _ = numpy_view(tensor)
         return view, lambda _result: tensor
@@ -149,10 +198,51 @@ def as_output(tensor: torch.Tensor) -> Tuple[np.ndarray, Callable[[object], torc
     return view, finish
 
 
+def settle(result) -> None:
+    """Order the current stream after a device result (and every device result in a list or tuple)."""
+    if type(result) is DeviceTensor:
+        if result.ready is not None:
+            wait_ready(result.ready, result.data.device)
+    elif isinstance(result, (list, tuple)):
+        for item in result:
+            settle(item)
+
+
 def to_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor of ``dtype`` over a result array from the core (no copy unless the array is read-only)."""
+    """A tensor of ``dtype`` over a result array from the core (no copy unless the array is read-only); a device
+    result's own tensor, once the current stream is ordered after it."""
+    if type(array) is DeviceTensor:
+        settle(array)
+        return array.data
     if not array.flags.writeable:
         array = array.copy()
     if dtype == torch.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
+
+
+class _TorchOps:
+    """The host-staged path for torch tensors (:class:`horovod.common.device.DeviceOps`)."""
+
+    def to_host(self, tensor: DeviceTensor) -> np.ndarray:
+        """A host copy in pinned memory where CUDA is there (the copy is complete on return)."""
+        source = tensor.data
+        pinned = source.is_cuda
+        host = torch.empty(source.shape, dtype=source.dtype, pin_memory=pinned)
+        host.copy_(source)
+        return numpy_view(host)[0]
+
+    def to_device(self, array: np.ndarray, like: DeviceTensor, out: Optional[DeviceTensor] = None) -> DeviceTensor:
+        """``array`` back on ``like``'s device, into ``out`` when given."""
+        source = to_tensor(array, like.data.dtype)
+        device = like.data.device
+        if out is not None:
+            with torch.no_grad():
+                out.data.copy_(source.view(out.data.shape))
+            target = out.data
+        else:
+            target = source.to(device)
+        return DeviceTensor(target, like.device, like.dtype, tuple(target.shape), None, self)
+
+
+TORCH_OPS = _TorchOps()

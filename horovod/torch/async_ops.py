@@ -11,12 +11,14 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from horovod.runtime import collectives as _c
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.process_sets import ProcessSet, global_process_set
-from horovod.torch._tensors import as_input, as_input_view, as_output, check_tensor, inplace_view, to_tensor
+from horovod.torch._tensors import (as_input, as_input_view, as_output, check_tensor, inplace_view, settle,
+                                    to_tensor)
 
 __all__ = ["poll", "synchronize", "allreduce_async", "allreduce_async_", "allreduce_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "grouped_allreduce_", "sparse_allreduce_async", "allgather_async",
@@ -59,7 +61,11 @@ def synchronize(handle: int):
         return None
     core_handle, finish, tensor = entry
     result = core_handle.result()
-    return tensor if finish is None else finish(result)
+    if finish is None:
+        if type(result) is not np.ndarray:
+            settle(result)      # a device result: the current stream waits for it
+        return tensor
+    return finish(result)
 
 
 # -- allreduce ------------------------------------------------------------------------------------------------------
@@ -88,7 +94,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
         process_set: the ranks taking part.
     """
     check_tensor(tensor)
-    output = torch.empty(tensor.shape, dtype=tensor.dtype)
+    output = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
     return _allreduce_into(tensor, output, name, op, average, prescale_factor, postscale_factor, process_set)
 
 
@@ -132,7 +138,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
                             postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
     """Start allreducing a list of tensors as one group (negotiated and fused together); see
     :func:`allreduce_async`. ``synchronize`` returns the list of outputs."""
-    outputs = [torch.empty(check_tensor(t).shape, dtype=t.dtype) for t in tensors]
+    outputs = [torch.empty(check_tensor(t).shape, dtype=t.dtype, device=t.device) for t in tensors]
     return _grouped_allreduce_into(tensors, outputs, name, op, average, prescale_factor, postscale_factor,
                                    process_set)
 
@@ -193,7 +199,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` on the first dimension (which may differ between ranks)."""
-    source, dtype = as_input(tensor)
+    source, dtype = as_input(tensor.reshape(1) if tensor.dim() == 0 else tensor)
     core = _c.allgather_async(source, name=name, process_set=process_set, dtype=dtype)
     return _register(core, lambda result: to_tensor(result, tensor.dtype))
 
@@ -201,7 +207,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start allgathering a list of tensors as one group; ``synchronize`` returns the list of outputs."""
-    inputs = [as_input(t) for t in tensors]
+    inputs = [as_input(t.reshape(1) if t.dim() == 0 else t) for t in tensors]
     core = _c.grouped_allgather_async([a for a, _ in inputs], name=name, process_set=process_set,
                                       dtypes=[d for _, d in inputs])
     dtypes = [t.dtype for t in tensors]
@@ -222,7 +228,8 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
                     process_set: ProcessSet = global_process_set) -> int:
     """Start broadcasting ``tensor`` from global rank ``root_rank``; the output is a new tensor."""
     check_tensor(tensor)
-    return _broadcast_into(tensor, torch.empty(tensor.shape, dtype=tensor.dtype), root_rank, name, process_set)
+    return _broadcast_into(tensor, torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device), root_rank,
+                           name, process_set)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,

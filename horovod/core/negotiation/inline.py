@@ -29,7 +29,7 @@ import numpy as np
 from horovod.algorithms import reduction
 from horovod.algorithms.buffers import Buffers
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.types import OpType, ReduceOp, Request, Response, nbytes, numpy_dtype
+from horovod.common.types import CPU_DEVICE, OpType, ReduceOp, Request, Response, nbytes, numpy_dtype
 from horovod.core import fusion
 from horovod.core.negotiation.base import Batch
 
@@ -42,7 +42,7 @@ INLINE_FRAME_BYTES = 16 * 1024      # ... and the most such data in one frame
 
 def eligible(request: Request) -> bool:
     """Whether a request's data may travel inside a frame (small, and folded without widening)."""
-    return (request.op == OpType.ALLREDUCE and request.reduce_op != ReduceOp.ADASUM
+    return (request.op == OpType.ALLREDUCE and request.reduce_op != ReduceOp.ADASUM and request.device == CPU_DEVICE
             and not reduction.widens(request.dtype) and nbytes(request.dtype, request.shape) <= INLINE_TENSOR_BYTES)
 
 
