@@ -8,6 +8,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from horovod.transport.base import Transport
+from horovod.transport.shm import ShmSegments
 
 __all__ = ["Group", "segment_bounds", "byte_view", "sendrecv"]
 
@@ -19,7 +20,7 @@ class Group:
     ranks: Tuple[int, ...]     # global ranks, in set order
     index: int                 # this rank's position in ``ranks``
     transport: Transport
-    shm: Optional[Any] = None  # horovod.transport.shm.ShmSegments when every rank of the group shares this host
+    shm: Optional[ShmSegments] = None  # when every rank of the group shares this host
     hierarchy: Optional[Any] = None  # horovod.algorithms.hierarchical.Hierarchy for hierarchical allreduce
 
     @property

@@ -103,7 +103,7 @@ class Engine:
         self._executor = Executor(timeline, lambda response: self._sets.apply(response, self.negotiation.forget),
                                   count_bytes=self.autotuner is not None)
         self.on_process_sets_changed: Optional[Callable[[int, Optional[Tuple[int, ...]]], None]] = None
-        self._patience = getattr(transport, "patience", None)    # names what a wait on a busy peer is for
+        self._patience = transport.patience if transport is not None else None  # names a wait on a busy peer
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -304,7 +304,8 @@ class Engine:
         except Exception as exc:  # a bug must fail the job loudly, never hang it
             log.exception("Horovod loop failed")
             account = f"Horovod background loop failed on rank {self.rank}: {exc!r}"
-            getattr(self.transport, "fail_own", lambda _: None)(account)    # so that the others name us, and why
+            if self.transport is not None:
+                self.transport.fail_own(account)    # so that the others name us, and why
             self._end_loop(account)
 
     def _end_loop(self, error: Optional[str]) -> None:

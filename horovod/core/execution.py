@@ -24,7 +24,7 @@ from horovod.core.negotiation.base import Batch
 from horovod.core.negotiation.inline import allreduce_contributions, allreduce_folded
 from horovod.core.ops import Buffers, Entry, execute
 from horovod.core.set_state import SetState
-from horovod.transport.mesh import DescriptorLimitError
+from horovod.transport.base import DescriptorLimitError
 
 __all__ = ["Executor", "complete"]
 
@@ -86,9 +86,8 @@ class Executor:
             results = allreduce_folded(response, entries, batch.folded) if batch.folded is not None else \
                 allreduce_contributions(response, entries, batch.contributions, self.buffers)
         else:
-            patience = getattr(state.group.transport, "patience", None)
-            if patience is not None:     # so that a wait on a busy peer names the collective
-                patience.working_on(lambda: _describe(response))
+            if state.group.transport is not None:     # so that a wait on a busy peer names the collective
+                state.group.transport.patience.working_on(lambda: _describe(response))
             try:
                 results = execute(response, entries, state.group, self.buffers,
                                   (lambda activity: tl.activity(response, activity)) if tl is not None else None)

@@ -94,10 +94,9 @@ class PollDuplex(Duplex):
     """Over a socket transport: non-blocking writes and reads on the peers' connections, one ``poll`` when none
     can move.
 
-    ``transport`` provides ``connection(peer)`` (the socket), ``timeout``, ``waiting(peer, silent_for)`` (told
-    every half timeout while no byte moves; raises to end the wait) and ``resumed()`` (bytes moved after that),
-    ``fail(peer, exc)`` (the error that fails the transport) and ``quiesce(peer)`` (returns once nothing else is
-    being written to the connection).
+    ``transport`` is a :class:`horovod.transport.base.Transport`: its ``connection`` and ``quiesce`` hand over the
+    socket, ``waiting`` is told every half ``timeout`` while no byte moves (and raises to end the wait),
+    ``resumed`` once bytes move again, and ``fail`` makes the error that fails the transport.
     """
 
     def __init__(self, transport):

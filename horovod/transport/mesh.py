@@ -29,20 +29,16 @@ import socket
 import struct
 import threading
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.liveness import probe_interval
+from horovod.transport.base import DescriptorLimitError
 from horovod.transport.reactor import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES, VERDICT_KEEP, Reactor
 
 __all__ = ["HANDSHAKE_SECONDS", "MAX_PENDING_HANDSHAKES", "PURPOSE_MESH", "watch_liveness",
            "raise_descriptor_limit", "DescriptorLimitError", "MeshSetup"]
-
-
-class DescriptorLimitError(HorovodInternalError):
-    """A connection could not be opened: the process's open-file limit is reached (the message names it and the
-    fix; the engine adds the collective that needed it)."""
 
 PURPOSE_MESH = 2                  # 1 was the full mesh made at init, whose acceptors sent no verdict
 
@@ -129,6 +125,7 @@ class MeshSetup:
     _reactor: Optional[Reactor]
     _broken: Optional[str]
     unix_name: str
+    _abandoned: Optional[Callable[[], bool]]
 
     def close(self) -> None:
         """Close every connection (the transport's)."""
@@ -150,7 +147,7 @@ class MeshSetup:
 
     def _check_abandoned(self) -> None:
         """Raise when the round this mesh is for was given up (``abandoned``, asked at most every half second)."""
-        abandoned = getattr(self, "_abandoned", None)
+        abandoned = self._abandoned
         if abandoned is not None and abandoned():
             raise HorovodInternalError(f"rank {self.rank}: this round was given up while its mesh formed (a peer "
                                        f"failed during start-up)")

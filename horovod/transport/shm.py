@@ -36,6 +36,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from horovod.common.exceptions import HorovodInternalError
+from horovod.transport.base import Transport
 
 __all__ = ["SHM_DIR", "SPIN_SECONDS", "COUNTER_BARRIERS", "spin_seconds", "available", "job_token", "segment_name",
            "wake_name", "ShmSegments"]
@@ -100,7 +101,7 @@ def wake_name(secret: bytes, prefix: str, rank: int) -> str:
 class ShmSegments:
     """One growable segment per rank of a group; ``view(i)`` maps rank ``i``'s segment as bytes."""
 
-    def __init__(self, transport, ranks: Sequence[int], index: int, prefix: str, min_bytes: int = 64 * 1024,
+    def __init__(self, transport: Transport, ranks: Sequence[int], index: int, prefix: str, min_bytes: int = 64 * 1024,
                  spin_seconds: float = 0.0, may_spin=None):
         self.transport = transport
         self.spin_seconds = spin_seconds

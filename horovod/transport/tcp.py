@@ -35,8 +35,9 @@ from typing import Dict, List, Optional, Sequence
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.forks import FORKED
+from horovod.transport.base import DescriptorLimitError, Transport
 from horovod.transport.duplex import PollDuplex
-from horovod.transport.mesh import DescriptorLimitError, MeshSetup, hold_open, watch_liveness, window_closed
+from horovod.transport.mesh import MeshSetup, hold_open, watch_liveness, window_closed
 from horovod.transport.patience import Patience
 from horovod.transport.reactor import Reactor, SendFuture
 
@@ -76,7 +77,7 @@ def _configure(sock: socket.socket, timeout: float, liveness: float = 0.0) -> No
     sock.settimeout(timeout if timeout > 0 else None)
 
 
-class TcpTransport(MeshSetup):
+class TcpTransport(MeshSetup, Transport):
     """Point-to-point messaging between the ranks of one job over authenticated TCP connections."""
 
     def __init__(self, rank: int, size: int, secret: bytes, timeout: float, job_token: str = "",

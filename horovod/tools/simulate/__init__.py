@@ -2,7 +2,8 @@
 thousands of ranks in one process, over a virtual network and clock, with faults drawn from a seed.
 
 :mod:`~horovod.tools.simulate.world` (clock, events, cores, links, faults), :mod:`~horovod.tools.simulate.rank` (one
-rank behind the engine's loop seam), :mod:`~horovod.tools.simulate.job` (the training loop and the invariants),
+rank behind the engine's loop seam), :mod:`~horovod.tools.simulate.transport` (its end of the connections),
+:mod:`~horovod.tools.simulate.job` (the training loop and the invariants),
 :mod:`~horovod.tools.simulate.startup` and :mod:`~horovod.tools.simulate.elastic` (start-up and an elastic reset,
 modelled around the real parts), :mod:`~horovod.tools.simulate.calibration` (its costs fitted to a benchmark's small
 jobs, the larger ones predicted);

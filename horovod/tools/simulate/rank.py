@@ -3,26 +3,25 @@ behind the :class:`~horovod.core.negotiation.base.Loop` seam, over a simulated t
 
 What is modelled rather than run: the engine's thread and its outer loop (``await_cycle``, then ``negotiate`` for
 each set, then execution, as :class:`horovod.core.engine.Engine` runs them), execution itself (a decided batch
-completes its handles; no data moves) and the transport (frames are the real wire bytes, carried by
-:class:`~horovod.tools.simulate.world.World`; a broken connection is reported as the real transport reports it).
+completes its handles; no data moves) and the transport (:mod:`~horovod.tools.simulate.transport`: frames are
+the real wire bytes, carried by :class:`~horovod.tools.simulate.world.World`).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Dict, Optional, Set
+from typing import Optional, Set
 
-from horovod.common import wire
 from horovod.common.extras import install_hint
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
 from horovod.core import fusion
 from horovod.core.execution import complete
-from horovod.core.negotiation import for_loop, frames
+from horovod.core.negotiation import for_loop
 from horovod.core.negotiation.base import BATCH_SPACING_SECONDS
 from horovod.core.set_state import NEW, ProcessSets
 from horovod.core.waiters import Waiters
 from horovod.tools.simulate.startup import RENDEZVOUS_FD
+from horovod.tools.simulate.transport import SimTransport
 from horovod.transport.shm import SPIN_SECONDS
 
 try:
@@ -59,13 +58,6 @@ class SimHandle:
         self.rank.job.handle_done(self.rank, self)
 
 
-def _contributions(frame) -> int:
-    """Small allreduces' inputs a star message or a tree's subtree message carries to rank 0."""
-    if type(frame) is frames.Msg:
-        return len(frame.data)
-    return sum(len(data) for _, data in frame.datas) if type(frame) is frames.Up else 0
-
-
 class SimWake:
     """The loop's wake-up socket: one pending flag."""
 
@@ -83,86 +75,6 @@ class SimWake:
     def drain(self) -> None:
         """Forget pending wake-ups."""
         self.pending = False
-
-
-class SimTransport:
-    """The control-frame part of :class:`horovod.transport.base.Transport` over the world's network."""
-
-    timeout = 0.0       # no patience warnings: a silent peer is the fault model's to break
-
-    def __init__(self, rank: "SimRank"):
-        self._rank = rank
-        self.rank, self.size = rank.rank, rank.size
-        world = rank.world      # every rank's host and its cores, as the rendezvous records give them
-        self.hostnames = [f"host{world.host_of(r)}" for r in range(self.size)]
-        self.cores = [len(world.hosts[world.host_of(r)].free) for r in range(self.size)]
-        self.inbox: Dict[int, deque] = {}
-        self._sent: Dict[int, int] = {}        # peer -> frames sent on the connection (the next one's number)
-        self._next: Dict[int, int] = {}        # peer -> the number of the next frame to deliver
-        self._early: Dict[int, Dict[int, bytes]] = {}   # peer -> frames that overtook one still missing, by number
-        self.copies_dropped = self.overtaken = 0      # frames the network copied, frames that came too early
-        self.closed: Dict[int, int] = {}       # peer -> the rank whose loss broke the connection
-        self.peers: Set[int] = set()           # connections this rank holds
-        self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0
-
-    def fileno(self, peer: int) -> int:
-        """The connection to ``peer`` (opened now if it was not)."""
-        self.peers.add(peer)
-        return peer
-
-    def send_obj(self, peer: int, message) -> None:
-        """Send one control frame: its real bytes, timed by the world."""
-        rank = self._rank
-        self._check(peer)
-        payload = wire.encode(message)
-        self.peers.add(peer)
-        self.frames_out += 1
-        self.bytes_out += len(payload)
-        rank.charge(rank.world.cpu.frame + len(payload) * rank.world.cpu.byte)
-        seq = self._sent.get(peer, 0)
-        self._sent[peer] = seq + 1
-        rank.job.send(rank.rank, peer, seq, payload, rank.clock())
-
-    def arrived(self, peer: int, seq: int, payload: bytes) -> bool:
-        """Frame ``seq`` from ``peer`` reached this rank's end of the connection: queued in order, held until the
-        frames before it arrive, or dropped as a copy; whether the connection has more to read now."""
-        expected = self._next.get(peer, 0)
-        early = self._early.setdefault(peer, {})
-        if seq < expected or seq in early:
-            self.copies_dropped += 1
-            return False
-        early[seq] = payload
-        self.overtaken += seq > expected
-        queue = self.inbox.setdefault(peer, deque())
-        while expected in early:
-            queue.append(early.pop(expected))
-            expected += 1
-        self._next[peer] = expected
-        return bool(queue)
-
-    def recv_obj(self, peer: int):
-        """The next control frame from ``peer``, decoded and checked as the real transport does."""
-        rank = self._rank
-        queue = self.inbox.get(peer)
-        while not queue:
-            self._check(peer)
-            rank.wait({peer}, None)
-            queue = self.inbox.get(peer)
-        payload = queue.popleft()
-        self.frames_in += 1
-        self.bytes_in += len(payload)
-        rank.charge(rank.world.cpu.frame + len(payload) * rank.world.cpu.byte)
-        raw = wire.decode(payload)
-        if rank.world.cpu.fold and rank.negotiation.name in ("star", "tree"):
-            # Rank 0 holds the contributions a message carries and folds them before it replies; a relay reads its
-            # children's and sends them on with its own message.
-            rank.charge(rank.world.cpu.fold * _contributions(frames.decode(raw, peer)))
-        return raw
-
-    def _check(self, peer: int) -> None:
-        lost = self.closed.get(peer)
-        if lost is not None:
-            raise HorovodInternalError(f"rank {self.rank}: connection to rank {peer} broke: rank {lost} was lost")
 
 
 class SimRank:

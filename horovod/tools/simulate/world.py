@@ -14,8 +14,8 @@ A frame leaves when its sender's clock says it was sent and arrives a link's lat
 later, plus whatever delay a fault adds. Delays make frames
 of different connections overtake each other. The network may also duplicate a frame or let a later one of the same
 connection overtake it (faults of the packets below TCP); the simulated connection numbers its frames and delivers
-each once and in order, as TCP does (``SimTransport.arrived`` in :mod:`~horovod.tools.simulate.rank`), so such faults
-cost time, never a frame read twice or out of order.
+each once and in order, as TCP does (``SimTransport.arrived`` in :mod:`~horovod.tools.simulate.transport`), so
+such faults cost time, never a frame read twice or out of order.
 """
 
 from __future__ import annotations
