@@ -103,6 +103,15 @@ def test_bindings_export_every_shared_name(binding):
     assert [name for name in module.__all__ if not hasattr(module, name)] == []
 
 
+@pytest.mark.parametrize("path", ["horovod.runner.launch", "horovod.common.basics", "horovod.common.process_sets",
+                                  "horovod.common.elastic", "horovod.elastic.worker", "horovod.elastic.protocol",
+                                  "horovod.keras.callbacks", "horovod.keras.elastic", "horovod.runtime.mpi_ops_names"])
+def test_re_exporting_modules_name_what_they_export(path):
+    """A module that re-exports by name lists it in ``__all__``, and every listed name resolves."""
+    module = pytest.importorskip(path)
+    assert module.__all__ and [name for name in module.__all__ if name not in vars(module)] == []
+
+
 def test_no_import_finder_serves_horovod():
     import horovod  # noqa: F401
     assert not [f for f in sys.meta_path if type(f).__module__.startswith("horovod")]

@@ -3,9 +3,11 @@ outside the module's public list (one of Horovod's private helpers) is read from
 """
 
 from horovod import elastic as _module
-from horovod.elastic import *  # noqa: F401,F403 — the same objects under Horovod's path
+from horovod.elastic import (ElasticIndexSampler, HorovodInternalError, HostUpdateResult, HostsUpdatedInterrupt,
+                             ObjectState, State, reset_horovod, run, run_fn)
 
-__all__ = list(_module.__all__)
+__all__ = ["State", "ObjectState", "run", "run_fn", "reset_horovod", "ElasticIndexSampler", "HostUpdateResult",
+           "HorovodInternalError", "HostsUpdatedInterrupt"]
 
 
 def __getattr__(attribute: str):

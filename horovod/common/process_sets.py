@@ -4,9 +4,9 @@ for.
 """
 
 from horovod.runtime import process_sets as _module
-from horovod.runtime.process_sets import *  # noqa: F401,F403 — the same objects under Horovod's path
+from horovod.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 
-__all__ = list(_module.__all__)
+__all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
 
 
 def __getattr__(attribute: str):

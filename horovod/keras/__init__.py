@@ -4,10 +4,18 @@ as Horovod's ``horovod.keras`` did."""
 
 from typing import Optional
 
-from horovod.tensorflow.keras import *  # noqa: F401,F403  (the same API)
+from horovod.tensorflow.keras import (Adasum, Average, Compression, DistributedOptimizer, GossipOptimizer,
+                                      HorovodInternalError, HostsUpdatedInterrupt, LocalSGDOptimizer, Max, Min,
+                                      OuterOptimizer, PartialDistributedOptimizer, ProcessSet, Product, Sum,
+                                      SyncBatchNormalization, TensorMismatchError, add_process_set, allgather,
+                                      allgather_object, broadcast, broadcast_global_variables, broadcast_object,
+                                      broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                                      global_process_set, gloo_built, gloo_enabled, gossip_process_sets, init,
+                                      is_homogeneous, is_initialized, load_model, local_rank, local_size, mpi_built,
+                                      mpi_enabled, mpi_threads_supported, nccl_built, rank, reducescatter,
+                                      remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from horovod.tensorflow.keras import __all__ as _tf_keras_all
 from horovod.tensorflow.keras import allreduce as _allreduce
-from horovod.tensorflow.keras import Compression, global_process_set
 from horovod.keras import callbacks, elastic  # noqa: F401
 
 

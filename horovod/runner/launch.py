@@ -12,7 +12,9 @@ import sys
 from typing import Optional, Sequence
 
 from horovod.runner.cli import main, make_parser
-from horovod.runner.pipeline import *  # noqa: F401,F403 — the pipeline's public names, re-exported
+from horovod.runner.pipeline import (LAUNCHER_VARS, SLOT_VARS, LaunchConfig, NotAvailableYetError, job_env,
+                                     launch_local, package_pythonpath, plan_launches, run_job, slot_env,
+                                     without_launcher_vars, worker_env)
 from horovod.runner.pipeline import __all__ as _pipeline_names
 
 __all__ = ["run_commandline", "parse_args"] + list(_pipeline_names)
