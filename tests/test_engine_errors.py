@@ -9,6 +9,7 @@ import time
 import pytest
 
 from horovod.testing import spawn_ranks
+from horovod.testing.raw_ranks import run_raw_ranks
 
 
 def _mismatches():
@@ -169,28 +170,7 @@ except HorovodInternalError as exc:
 """
 
 
-def _run_raw_ranks(script, size, env_of_rank, timeout=60):
-    """Start ``size`` ranks of ``script`` by hand (per-rank environments); returns (return codes, outputs)."""
-    from horovod.common.rendezvous_client import make_secret
-    from horovod.runner.launch import package_pythonpath
-    from horovod.runner.rendezvous import RendezvousServer
-    secret = make_secret()
-    with RendezvousServer(secret, host="127.0.0.1") as server:
-        procs = []
-        try:
-            for rank in range(size):
-                env = dict(os.environ, **package_pythonpath(), HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(size),
-                           HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1", HOROVOD_GLOO_RENDEZVOUS_PORT=str(server.port),
-                           HOROVOD_SECRET_KEY=secret.hex(), **env_of_rank(rank))
-                procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True))
-            outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-    return [p.returncode for p in procs], outputs
+_run_raw_ranks = run_raw_ranks
 
 
 @pytest.mark.ranks

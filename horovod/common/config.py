@@ -129,7 +129,6 @@ def _s(default: Any, help: str, **facts: Any) -> Any:
 
 
 _COMPAT = "accepted for compatibility; this version has no such feature"
-_NO_GPU = "accepted for compatibility (no GPU support)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,12 +160,8 @@ class Config:
     torus_allreduce: bool = _s(False, "2D torus allreduce", flag="--torus-allreduce", yaml="params.torus_allreduce",
                                inert="there is no torus allreduce in this version")
     shm_disable: bool = _s(False, "never use the shared-memory transport between ranks of one host", agreed=True)
-    device_plane: str = _s(
-        "auto", "how collectives on accelerator tensors travel: nccl (the device plane: NCCL through torch's "
-        "ProcessGroupNCCL, fused in device memory), staged (through pinned host memory and the CPU data plane), gloo "
-        "(the device plane with Gloo standing in for NCCL, and host tensors sent through it: the device path on a "
-        "machine without a GPU) or auto (nccl when torch has CUDA and NCCL and every rank of a host has a GPU of its "
-        "own, else staged)", choices=("auto", "nccl", "staged", "gloo"), agreed=True)
+    device_plane: str = _s("auto", "how accelerator tensors travel: nccl, staged, gloo or auto (docs/gpu.md)",
+                           choices=("auto", "nccl", "staged", "gloo"), agreed=True)
     negotiation: str = _s(
         "auto", "how ranks agree on which tensors are ready: peer (every rank sends its requests to every other "
         "rank and all decide alike: one network hop), star (through rank 0: two hops, fewer messages), tree "
@@ -231,7 +226,7 @@ class Config:
     mpi_threads_disable: bool = _s(False, "MPI threads off", flag="--mpi-threads-disable",
                                    yaml="library_options.mpi_threads_disable", inert=_COMPAT)
     num_nccl_streams: int = _s(1, "NCCL streams", flag="--num-nccl-streams", yaml="library_options.num_nccl_streams",
-                               inert=_NO_GPU)
+                               inert="the device plane runs on one stream per rank (docs/gpu.md)")
     thread_affinity: Optional[str] = _s(None, "cores of each local rank's threads: one entry per local rank, "
                                         "comma-separated, each a core id or a range a-b", flag="--thread-affinity",
                                         yaml="library_options.thread_affinity")
@@ -399,7 +394,6 @@ def environ_snapshot() -> Dict[str, str]:
 def environ_set(name: str, value: Optional[str]) -> None:
     """Set a variable in this process; None removes it. For the places that must change the process's environment
     itself: Horovod's ``util.env`` block, and a Ray actor taking on its job's settings before ``init``."""
-    if value is None:
-        os.environ.pop(name, None)
-    else:
+    os.environ.pop(name, None)
+    if value is not None:
         os.environ[name] = value

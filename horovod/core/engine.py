@@ -68,12 +68,13 @@ class Engine:
     The negotiation reads the engine as a :class:`horovod.core.negotiation.base.Loop`.
     """
 
-    def __init__(self, config, rank: int, size: int, transport, timeline=None):
+    def __init__(self, config, rank: int, size: int, transport, timeline=None, device_plane=None):
         self.config = config
         self.rank = rank
         self.size = size
         self.transport = transport
         self.timeline = timeline
+        self.device_plane = device_plane        # the job's DevicePlane (core/device_plane.py), or None
         self.waiters = Waiters()
         self.wake = Wakeup()
         self.cycle_time = config.cycle_time / 1000.0
@@ -101,7 +102,7 @@ class Engine:
         self.sets: Dict[int, SetState] = self._sets.by_id     # the loop adds and removes sets, between cycles
         self.autotuner = Autotuner(config, self._apply_tuning) if config.autotune and rank == 0 else None
         self._executor = Executor(timeline, lambda response: self._sets.apply(response, self.negotiation.forget),
-                                  count_bytes=self.autotuner is not None)
+                                  count_bytes=self.autotuner is not None, device_plane=device_plane)
         self.on_process_sets_changed: Optional[Callable[[int, Optional[Tuple[int, ...]]], None]] = None
         self._patience = transport.patience if transport is not None else None  # names a wait on a busy peer
 
@@ -316,6 +317,8 @@ class Engine:
             self._error = error
         if self.transport is not None:
             self.transport.close()
+        if self.device_plane is not None:
+            self.device_plane.close(abort=self._error is not None)
         self._stopped = True
         self._sets.fail_all(self._error or SHUT_DOWN_MESSAGE)
         for state in list(self.sets.values()):

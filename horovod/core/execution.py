@@ -13,13 +13,15 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from horovod.common.device import is_staged
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OP_NAMES, OpType, Response, nbytes
 from horovod.core import fusion
 from horovod.core.decision import FATAL_ERROR
 from horovod.core.deadlock import DEADLOCK_PREFIX
+from horovod.core.device_plane import DevicePlane
 from horovod.core.negotiation.base import Batch
 from horovod.core.negotiation.inline import allreduce_contributions, allreduce_folded
 from horovod.core.ops import Buffers, Entry, execute
@@ -38,8 +40,10 @@ def _describe(response: Response) -> str:
 class Executor:
     """Runs decided batches for the engine; holds the persistent work buffers and what autotune scores."""
 
-    def __init__(self, timeline, apply_set_change: Callable[[Response], Any], count_bytes: bool = False):
+    def __init__(self, timeline, apply_set_change: Callable[[Response], Any], count_bytes: bool = False,
+                 device_plane: Optional[DevicePlane] = None):
         self.timeline = timeline
+        self.device_plane = device_plane
         self.buffers = Buffers()
         self.joined = False             # this rank has joined and the join has not completed yet
         self.cycle_bytes = 0            # bytes allreduced since autotune last took them
@@ -86,13 +90,7 @@ class Executor:
             results = allreduce_folded(response, entries, batch.folded) if batch.folded is not None else \
                 allreduce_contributions(response, entries, batch.contributions, self.buffers)
         else:
-            if state.group.transport is not None:     # so that a wait on a busy peer names the collective
-                state.group.transport.patience.working_on(lambda: _describe(response))
-            try:
-                results = execute(response, entries, state.group, self.buffers,
-                                  (lambda activity: tl.activity(response, activity)) if tl is not None else None)
-            except DescriptorLimitError as exc:
-                raise DescriptorLimitError(f"{_describe(response)}: {exc}") from None
+            results = self._execute(state, response, entries)
         if tl is not None:
             tl.end(response)
         if response.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
@@ -101,6 +99,41 @@ class Executor:
         executed.extend(batch.responses)
         if self._count_bytes and response.op == OpType.ALLREDUCE:
             self.cycle_bytes += sum(nbytes(response.dtype, shape) for shape in response.shapes)
+
+
+    def _execute(self, state: SetState, response: Response, entries: Dict[str, Entry]) -> Dict[str, Any]:
+        """Run a negotiated response on the data plane its device kind names: the job's device plane, or the CPU
+        algorithms (host tensors, and device tensors staged through host memory)."""
+        tl, group = self.timeline, state.group
+        activity = (lambda name: tl.activity(response, name)) if tl is not None else None
+        plane = self.device_plane
+        if plane is not None and response.device in plane.kinds:
+            if activity is not None:
+                activity(f"{plane.name.upper()}_{OP_NAMES.get(response.op, response.op)}")
+            return plane.execute(response, entries, state.id, group.ranks, group.index, self._liveness(group),
+                                 activity)
+        if is_staged(response.device) and activity is not None:
+            activity("HOST_STAGED")
+        if group.transport is not None:     # so that a wait on a busy peer names the collective
+            group.transport.patience.working_on(lambda: _describe(response))
+        try:
+            return execute(response, entries, group, self.buffers, activity)
+        except DescriptorLimitError as exc:
+            raise DescriptorLimitError(f"{_describe(response)}: {exc}") from None
+
+    @staticmethod
+    def _liveness(group) -> Callable[[Sequence[int]], None]:
+        """What the device plane calls between its bounded waits: raises if one of ``ranks`` is lost (its
+        connection in the engine's mesh closed), so that a dead rank fails the plane's collective too."""
+        def check(ranks: Sequence[int]) -> None:
+            transport = group.transport
+            if transport is None:
+                return
+            me = group.ranks[group.index]
+            for peer in ranks:
+                if peer != me:
+                    transport.check_open(peer)
+        return check
 
 
 def _thread_stacks() -> str:

@@ -84,15 +84,6 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
-def _input(array, output=None) -> tuple:
-    """``(array, output, device, restore)`` for a collective's input: a host array made contiguous, or a device
-    tensor routed to the device plane or staged through host memory (:func:`horovod.runtime.device.route`)."""
-    if _device.is_device(array):
-        array, output, device, restore = _device.route(basics.engine().device_plane, array, output)
-        return (array if restore is None else _contiguous(array)), output, device, restore
-    return _contiguous(np.asarray(array)), output, CPU_DEVICE, None
-
-
 def _check_output(what: str, output, shape) -> None:
     """An output buffer must have the input's shape, be contiguous and writable (a device tensor's is, by its
     binding)."""
@@ -206,7 +197,7 @@ def allgather_async(array: np.ndarray, name: Optional[str] = None, process_set: 
     """Start an allgather: arrays concatenated on the first dimension, which may differ per rank."""
     set_id = _set_id(process_set)
     dtype = _dtype(array, dtype)
-    array, _, device, restore = _input(array)
+    array, _, device, restore = _device.prepare(array, basics.engine)
     if array.ndim == 0:
         array = array.reshape(1)
     request = Request(_full_name or _name("allgather", name, process_set), OpType.ALLGATHER, dtype,
@@ -244,7 +235,7 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: Optional[str] = Non
     if root_rank not in ranks:
         raise ValueError(f"broadcast root_rank {root_rank} is not a member of the process set {list(ranks)}")
     dtype = _dtype(array, dtype)
-    array, output, device, restore = _input(array, output)
+    array, output, device, restore = _device.prepare(array, basics.engine, output)
     if output is not None:
         _check_output("broadcast", output, array.shape)
     request = Request(_name("broadcast", name, process_set), OpType.BROADCAST, dtype, tuple(array.shape),
@@ -269,7 +260,7 @@ def alltoall_async(array: np.ndarray, splits=None, name: Optional[str] = None,
     set_id = _set_id(process_set)
     size = len(_set_ranks(set_id))
     dtype = _dtype(array, dtype)
-    array, _, device, restore = _input(array)
+    array, _, device, restore = _device.prepare(array, basics.engine)
     if array.ndim == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
     if splits is None:
@@ -318,7 +309,7 @@ def reducescatter_async(array: np.ndarray, name: Optional[str] = None, op: int =
     check_reducescatter_op(op)
     set_id = _set_id(process_set)
     dtype = _dtype(array, dtype)
-    array, _, device, restore = _input(array)
+    array, _, device, restore = _device.prepare(array, basics.engine)
     if array.ndim == 0:
         array = array.reshape(1)
     if dtype == "bool":

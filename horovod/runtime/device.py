@@ -17,12 +17,12 @@ import numpy as np
 
 from horovod.common.device import STANDIN_KIND, DeviceTensor, staged
 from horovod.common.exceptions import HorovodConfigError
-from horovod.common.types import ReduceOp
+from horovod.common.types import CPU_DEVICE, ReduceOp
 from horovod.core.device_plane import DevicePlane
 from horovod.core.handles import Handle
 from horovod.runtime import context as _ctx
 
-__all__ = ["register_plane", "make_plane", "route", "wrap_staged", "is_device", "takes_host_tensors", "PlaneFactory"]
+__all__ = ["register_plane", "make_plane", "route", "prepare", "wrap_staged", "is_device", "takes_host_tensors", "PlaneFactory"]
 
 log = logging.getLogger("horovod")
 
@@ -101,6 +101,19 @@ def route(plane: Optional[DevicePlane], tensor: DeviceTensor, output: Optional[D
             return ops.to_device(result[0], tensor), result[1]
         return ops.to_device(result, tensor, output)
     return host, host_out, staged(tensor.device), restore
+
+
+def prepare(array, engine: Callable[[], Any], output=None) -> Tuple[Any, Any, str, Optional[Callable[[Any], Any]]]:
+    """``(array, output, device, restore)`` for a collective's input: a host array made contiguous (on the CPU),
+    or a device tensor routed (:func:`route`) to ``engine()``'s device plane or staged through host memory."""
+    if is_device(array):
+        array, output, device, restore = route(engine().device_plane, array, output)
+        return (array if restore is None else _contiguous(array)), output, device, restore
+    return _contiguous(np.asarray(array)), output, CPU_DEVICE, None
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 class _StagedHandle(Handle):

@@ -20,17 +20,20 @@ from horovod.runtime.device import takes_host_tensors
 from horovod.torch.device_streams import ready_event, wait_ready
 
 __all__ = ["check_tensor", "numpy_view", "inplace_view", "as_input", "as_input_view", "as_output",
-           "to_tensor", "core_dtype", "settle", "TORCH_OPS"]
+           "to_tensor", "core_dtype", "torch_dtype", "settle", "TORCH_OPS"]
 
 
 def check_tensor(tensor, what: str = "tensor") -> torch.Tensor:
     """Validate a collective's input: a dense tensor (on any device).
 
     Raises:
-        TypeError: not a tensor. ValueError: a sparse one.
+        TypeError: not a tensor. ValueError: a sparse one, or one on the meta device.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.is_meta:
+        raise ValueError(f"{what} is on the meta device and holds no data; hand Horovod a tensor with data, on the "
+                         f"CPU or a GPU (.cpu() or .cuda())")
     if tensor.layout != torch.strided:
         raise ValueError(f"{what} has layout {tensor.layout}; sparse tensors go through "
                          f"hvd.sparse_allreduce_async (or DistributedOptimizer(sparse_as_dense=True))")
@@ -65,6 +68,11 @@ def core_dtype(dtype: torch.dtype) -> str:
     if found is None:
         raise ValueError(f"unsupported data type {dtype}; supported: {', '.join(n for _, n in _CORE_DTYPES.values())}")
     return found[1]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a core dtype name (:func:`core_dtype`'s inverse)."""
+    return _TORCH_DTYPES[name]
 
 
 def as_device(tensor: torch.Tensor) -> DeviceTensor:
@@ -109,6 +117,7 @@ _CORE_DTYPES = {torch.uint8: (np.dtype(np.uint8), "uint8"), torch.int8: (np.dtyp
                 torch.int64: (np.dtype(np.int64), "int64"), torch.float16: (np.dtype(np.float16), "float16"),
                 torch.bfloat16: (np.dtype(np.uint16), "bfloat16"), torch.float32: (np.dtype(np.float32), "float32"),
                 torch.float64: (np.dtype(np.float64), "float64"), torch.bool: (np.dtype(np.bool_), "bool")}
+_TORCH_DTYPES = {name: dtype for dtype, (_, name) in _CORE_DTYPES.items()}
 
 
 def inplace_view(tensor: torch.Tensor) -> Optional[tuple]:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from horovod.common.device import STANDIN_KIND, DeviceTensor
 from horovod.common.exceptions import HorovodConfigError, HorovodInternalError
 from horovod.common.types import OP_NAMES, OpType, ReduceOp, Response
-from horovod.torch._tensors import core_dtype
+from horovod.torch._tensors import core_dtype, torch_dtype
 from horovod.torch.device_store import store_factory
 from horovod.torch.device_streams import Streams
 
@@ -85,7 +85,7 @@ class TorchDevicePlane:
 
     # -- communicators ----------------------------------------------------------------------------------------------
 
-    def _group(self, set_id: int, ranks: Sequence[int], index: int):
+    def _group(self, set_id: int, ranks: Sequence[int], index: int, check):
         """The set's communicator, made on first use: every member runs the same response at the same point of
         its loop, so the members make it together."""
         ranks = tuple(ranks)
@@ -94,7 +94,7 @@ class TorchDevicePlane:
             return known[1]
         self._made[set_id, ranks] += 1
         scope = f"set{set_id}.{len(ranks)}.{abs(hash(ranks)) % 10 ** 9}.{self._made[set_id, ranks]}"
-        store = self._store_for(scope)
+        store = self._store_for(scope, lambda: check(ranks))
         if self.name == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self._timeout
@@ -147,7 +147,7 @@ class TorchDevicePlane:
         """Run one negotiated response (see :class:`horovod.core.device_plane.DevicePlane`)."""
         if self._closed:
             raise HorovodInternalError(f"the {self.name} device plane has been closed")
-        group = self._group(set_id, ranks, index)
+        group = self._group(set_id, ranks, index, check)
         op = response.op
         what = f"{OP_NAMES.get(op, op)} of {response.names[0]!r}" + (" ..." if len(response.names) > 1 else "")
         run = {OpType.ALLREDUCE: self._allreduce, OpType.ALLGATHER: self._allgather,
@@ -187,7 +187,10 @@ class TorchDevicePlane:
 
     def _allreduce(self, response, entries, group, ranks, index, activity):
         tensors = {name: _tensor(entries[name].array) for name in response.names if name in entries}
-        like = next(iter(tensors.values()))
+        # (A rank that joined submitted none of them: it contributes zeros of the response's dtype.)
+        like = next(iter(tensors.values()), None)
+        if like is None:
+            like = torch.empty(0, dtype=torch_dtype(response.dtype), device=self._streams.device)
         counts = [int(np.prod(shape)) for shape in response.shapes]
         outputs = {name: (_tensor(entries[name].output) if entries[name].output is not None
                           else torch.empty(response.shapes[i], dtype=like.dtype, device=like.device))

@@ -11,15 +11,16 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch.distributed as dist
 
-from horovod.common.rendezvous_client import NAME_PATTERN, RendezvousClient
+from horovod.common.rendezvous_client import NAME_PATTERN, RendezvousClient, RendezvousError
 
 __all__ = ["RendezvousStore", "store_factory"]
 
 _ADD_MARK = ".add."
+_SLICE_SECONDS = 0.5     # a wait for a key checks the peers' liveness this often
 
 
 def _name(key: str) -> str:
@@ -27,11 +28,24 @@ def _name(key: str) -> str:
 
 
 class RendezvousStore(dist.Store):
-    """A store of one scope of the job's rendezvous (one per communicator)."""
+    """A store of one scope of the job's rendezvous (one per communicator). A wait for a key checks the
+    communicator's ranks every :data:`_SLICE_SECONDS` (``alive``), so a rank that dies while the others make a
+    communicator fails them within the liveness bound, not at the store's timeout."""
 
-    def __init__(self, client: RendezvousClient, scope: str, timeout: float):
+    def __init__(self, client: RendezvousClient, scope: str, timeout: float, alive: Callable[[], None]):
         super().__init__()
-        self._client, self._scope, self._wait = client, scope, timeout
+        self._client, self._scope, self._wait, self._alive = client, scope, timeout, alive
+
+    def _get(self, name: str, seconds: float) -> bytes:
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self._client.get(self._scope, name, timeout=max(0.0, min(_SLICE_SECONDS, left)))
+            except RendezvousError:
+                if left <= _SLICE_SECONDS:
+                    raise
+                self._alive()
 
     def set(self, key: str, value) -> None:
         """Store ``value`` (bytes or text) under ``key``."""
@@ -40,13 +54,13 @@ class RendezvousStore(dist.Store):
 
     def get(self, key: str) -> bytes:
         """The value of ``key``, waiting for it up to the store's timeout."""
-        return self._client.get(self._scope, _name(key), timeout=self._wait)
+        return self._get(_name(key), self._wait)
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the counter ``key``; its new total."""
         prefix = _name(key) + _ADD_MARK
         self._client.put(self._scope, f"{prefix}{os.getpid()}.{time.monotonic_ns()}", str(int(amount)).encode())
-        return sum(int(self._client.get(self._scope, k, timeout=self._wait))
+        return sum(int(self._get(k, self._wait))
                    for k in self._client.keys(self._scope) if k.startswith(prefix))
 
     def check(self, keys: List[str]) -> bool:
@@ -57,7 +71,7 @@ class RendezvousStore(dist.Store):
         """Return once every key is set (raises after the timeout)."""
         seconds = self._wait if timeout is None else timeout.total_seconds()
         for key in keys:
-            self._client.get(self._scope, _name(key), timeout=seconds)
+            self._get(_name(key), seconds)
 
     def delete_key(self, key: str) -> bool:
         """Remove ``key``."""
@@ -73,10 +87,10 @@ class RendezvousStore(dist.Store):
         self._wait = timeout.total_seconds()
 
 
-def store_factory(topo, scope: str, timeout: float):
-    """A function from a communicator's name to its store: the rendezvous's when the job has one, else (one
-    process, nothing to meet) a store in this process."""
+def store_factory(topo, scope: str, timeout: float) -> Callable[[str, Callable[[], None]], dist.Store]:
+    """A function from a communicator's name and its liveness check to its store: the rendezvous's when the job
+    has one, else (one process, nothing to meet) a store in this process."""
     if topo.size == 1 or topo.rendezvous_addr is None or topo.secret is None:
-        return lambda _name: dist.HashStore()
+        return lambda _name, _alive: dist.HashStore()
     client = RendezvousClient(topo.rendezvous_addr, topo.rendezvous_port, topo.secret, timeout=timeout)
-    return lambda name: RendezvousStore(client, f"{scope}.{name}", timeout)
+    return lambda name, alive: RendezvousStore(client, f"{scope}.{name}", timeout, alive)

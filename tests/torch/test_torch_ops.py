@@ -378,6 +378,7 @@ def _process_sets(hvd, world):
 
 def _run_all(world, only=None):
     import horovod.torch as hvd
+    from horovod.runtime import basics
     torch.set_num_threads(1)   # ranks share the machine's cores
     hvd.init(process_sets=_process_sets(hvd, world))
     sets = _registered_sets(hvd, world)
@@ -391,6 +392,8 @@ def _run_all(world, only=None):
             results[name] = None
         except Exception:  # reported per check by the test below
             results[name] = traceback.format_exc()
+    plane = basics.context().engine.device_plane    # what the device plane carried, where the job has one
+    results["_plane_stats"] = dict(plane.stats) if plane is not None else None
     hvd.shutdown()
     return results
 
