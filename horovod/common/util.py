@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import importlib.util
+import os
+import re
+import sys
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from horovod.common import config
 
 __all__ = ["EXTENSIONS", "FRAMEWORK_MODULES", "module_found", "extension_available", "check_extension",
-           "gpu_available", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "env",
+           "gpu_available", "torch_cuda_version", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "env",
            "get_average_backwards_compatibility_fun", "num_rank_is_power_2", "is_power_of_two", "split_list", "is_iterable",
            "is_version_greater_equal_than"]
 
@@ -72,10 +76,73 @@ def check_extension(ext_name: str, ext_env_var: str, pkg_path: str, *args: str) 
                           f"build time; this package has nothing to build)")
 
 
+def _package_file(package: str, name: str) -> Optional[str]:
+    """The text of ``name`` inside installed ``package``, found without importing it (None when absent)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        with open(os.path.join(list(spec.submodule_search_locations)[0], name)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def torch_cuda_version() -> Optional[str]:
+    """The CUDA version the installed torch was built with ("13.0"), or None for a CPU build or no torch: read
+    from torch's own version file, so asking imports no framework."""
+    loaded = sys.modules.get("torch")
+    if loaded is not None and hasattr(loaded, "version"):
+        return loaded.version.cuda
+    text = _package_file("torch", "version.py") or ""
+    found = re.search(r"^cuda(?:\s*:[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def _nccl_version_code() -> int:
+    """NCCL's version as Horovod reports it (major * 10000 + minor * 100 + patch; 0: none), from the NCCL that a
+    CUDA torch carries (its wheel, or torch itself once imported)."""
+    if torch_cuda_version() is None:
+        return 0
+    loaded = sys.modules.get("torch")
+    if loaded is not None:
+        try:
+            version = loaded.cuda.nccl.version()
+            return version[0] * 10000 + version[1] * 100 + version[2]
+        except Exception:     # a CUDA torch without NCCL: none
+            return 0
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("nvidia-nccl-cu"):
+            parts = [int(p) for p in re.findall(r"\d+", dist.version)[:3]] + [0, 0, 0]
+            return parts[0] * 10000 + parts[1] * 100 + parts[2]
+    return 0
+
+
 def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
-    """False: tensors are reduced on the CPU in this version (see docs/migrating.md)."""
-    _say(verbose, f"Extension {ext_base_name} was NOT running with GPU.")
-    return False
+    """Whether binding ``ext_base_name``'s collectives can run on GPUs here: torch built with CUDA (its device plane
+    serves torch, and JAX through DLPack); TensorFlow and JAX stage GPU tensors through the host, so theirs is
+    whether their own GPU build is installed."""
+    if ext_base_name in ("torch", "jax"):
+        found = torch_cuda_version() is not None if ext_base_name == "torch" else any(
+            (d.metadata["Name"] or "").lower().startswith("jax-cuda") for d in importlib.metadata.distributions())
+    elif ext_base_name in ("tensorflow", "keras"):
+        found = module_found("tensorflow") and not _distribution_installed("tensorflow-cpu")
+    else:
+        found = False
+    _say(verbose, f"Extension {ext_base_name} was{'' if found else ' NOT'} running with GPU.")
+    return found
+
+
+def _distribution_installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def mpi_built(verbose: bool = False) -> bool:
@@ -91,9 +158,10 @@ def gloo_built(verbose: bool = False) -> bool:
 
 
 def nccl_built(verbose: bool = False) -> int:
-    """0: no NCCL (the NCCL version number in Horovod; 0 means none)."""
-    _say(verbose, "Extension was NOT built with NCCL.")
-    return 0
+    """The NCCL version under the device plane (a CUDA torch's), as Horovod's number; 0 means none."""
+    code = _nccl_version_code()
+    _say(verbose, f"Extension was{'' if code else ' NOT'} built with NCCL.")
+    return code
 
 
 def ddl_built(verbose: bool = False) -> bool:

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence
 
 from horovod import timeline as _timeline
 from horovod.common import config as _config
-from horovod.common.util import ccl_built, ddl_built, gloo_built, mpi_built, nccl_built
+from horovod.common.util import ccl_built, ddl_built, gloo_built, mpi_built, nccl_built, torch_cuda_version
 from horovod.common.exceptions import HorovodInternalError
 from horovod.core.bootstrap import connect
 from horovod.core.engine import Engine
@@ -219,8 +219,8 @@ def gloo_enabled() -> bool:
 
 
 def cuda_built() -> bool:
-    """False: tensors are reduced on the CPU."""
-    return False
+    """Whether CUDA tensors can go through the device plane: the installed torch was built with CUDA."""
+    return torch_cuda_version() is not None
 
 
 def rocm_built() -> bool:

@@ -36,7 +36,7 @@ def _global_stats(x: torch.Tensor, process_set: ProcessSet) -> Tuple[torch.Tenso
     count = x.numel() // x.size(1)
     mean = xf.mean(dims)
     var = xf.var(dims, unbiased=False) if count else torch.zeros_like(mean)
-    row = torch.cat([torch.tensor([float(count)], dtype=torch.float64), mean, var]).unsqueeze(0)
+    row = torch.cat([torch.tensor([float(count)], dtype=torch.float64, device=mean.device), mean, var]).unsqueeze(0)
     stats = _ops.synchronize(_ops.allgather_async(row, name=None, process_set=process_set))
     c = x.size(1)
     counts, means, variances = stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:]

@@ -202,3 +202,23 @@ def test_elastic_training_through_a_killed_worker_remakes_the_communicator():
     finals = re.findall(r"final test accuracy: ([\d.]+)% on rank (\d) of (\d); parameter checksum (\S+)", log)
     assert sorted(f[1:3] for f in finals) == [("0", "2"), ("1", "2")], log[-3000:]
     assert len({f[3] for f in finals}) == 1, "the survivors' parameters differ"
+
+
+# -- the device check and the build queries on a machine without a GPU -------------------------------------------------
+
+@pytest.mark.unit
+def test_the_device_check_says_there_is_no_gpu_and_runs_nothing():
+    import subprocess
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "gpu_check.py")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 77, proc.stdout + proc.stderr
+    assert "no GPU here" in proc.stdout and "nothing was run" in proc.stdout
+
+
+@pytest.mark.unit
+def test_build_queries_answer_for_the_installed_torch():
+    import horovod.torch as hvd
+    from horovod.common import util
+    cuda = torch.version.cuda is not None
+    assert hvd.cuda_built() is cuda and util.gpu_available("torch") is cuda
+    assert (hvd.nccl_built() > 0) == (cuda and torch.distributed.is_nccl_available())
