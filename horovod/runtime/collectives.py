@@ -199,7 +199,7 @@ def allgather_async(array: np.ndarray, name: Optional[str] = None, process_set: 
     dtype = _dtype(array, dtype)
     array, _, device, restore = _device.prepare(array, basics.engine)
     if array.ndim == 0:
-        array = array.reshape(1)
+        array = _device.one_row(array)
     request = Request(_full_name or _name("allgather", name, process_set), OpType.ALLGATHER, dtype,
                       tuple(array.shape), group=_group, payload=(_group_size,) if _group >= 0 else None,
                       device=device)
@@ -311,7 +311,7 @@ def reducescatter_async(array: np.ndarray, name: Optional[str] = None, op: int =
     dtype = _dtype(array, dtype)
     array, _, device, restore = _device.prepare(array, basics.engine)
     if array.ndim == 0:
-        array = array.reshape(1)
+        array = _device.one_row(array)
     if dtype == "bool":
         raise ValueError("reducescatter does not support boolean tensors")
     request = Request(_full_name or _name("reducescatter", name, process_set), OpType.REDUCESCATTER, dtype,

@@ -22,7 +22,7 @@ from horovod.core.device_plane import DevicePlane
 from horovod.core.handles import Handle
 from horovod.runtime import context as _ctx
 
-__all__ = ["register_plane", "make_plane", "route", "prepare", "wrap_staged", "is_device", "takes_host_tensors", "PlaneFactory"]
+__all__ = ["register_plane", "make_plane", "route", "prepare", "one_row", "wrap_staged", "is_device", "takes_host_tensors", "PlaneFactory"]
 
 log = logging.getLogger("horovod")
 
@@ -110,6 +110,13 @@ def prepare(array, engine: Callable[[], Any], output=None) -> Tuple[Any, Any, st
         array, output, device, restore = route(engine().device_plane, array, output)
         return (array if restore is None else _contiguous(array)), output, device, restore
     return _contiguous(np.asarray(array)), output, CPU_DEVICE, None
+
+
+def one_row(array):
+    """A 0-d array or device tensor as one row (allgather and reducescatter treat a scalar as shape ``(1,)``)."""
+    if is_device(array):
+        return DeviceTensor(array.data, array.device, array.dtype, (1,), array.ready, array.ops)
+    return array.reshape(1)
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:

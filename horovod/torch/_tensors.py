@@ -211,7 +211,7 @@ def settle(result) -> None:
     """Order the current stream after a device result (and every device result in a list or tuple)."""
     if type(result) is DeviceTensor:
         if result.ready is not None:
-            wait_ready(result.ready, result.data.device)
+            wait_ready(result.ready, result.data)
     elif isinstance(result, (list, tuple)):
         for item in result:
             settle(item)

@@ -234,12 +234,12 @@ class TorchDevicePlane:
 
     def _allgather(self, response, entries, group, ranks, index, activity):
         name = response.names[0]
-        mine = _tensor(entries[name].array).contiguous()
         dims = response.sizes[0]
         trailing = tuple(response.shapes[0][1:])
+        mine = _tensor(entries[name].array).reshape((-1,) + trailing)      # (a scalar is one row)
         widest = max(dims) if dims else 0
         padded = torch.zeros((widest,) + trailing, dtype=mine.dtype, device=mine.device)
-        padded[:mine.shape[0]].copy_(mine.reshape((mine.shape[0],) + trailing))
+        padded[:mine.shape[0]].copy_(mine)
         gathered = [torch.empty_like(padded) for _ in ranks]
         work = group.allgather([gathered], [padded])
 
@@ -262,7 +262,7 @@ class TorchDevicePlane:
 
     def _alltoall(self, response, entries, group, ranks, index, activity):
         name = response.names[0]
-        source = _tensor(entries[name].array).contiguous()
+        source = _tensor(entries[name].array).reshape(response.shapes[0])
         matrix = response.sizes
         received = [matrix[i][index] for i in range(len(ranks))]
         out = torch.empty((sum(received),) + tuple(source.shape[1:]), dtype=source.dtype, device=source.device)
@@ -273,8 +273,8 @@ class TorchDevicePlane:
     def _reducescatter(self, response, entries, group, ranks, index, activity):
         size = len(ranks)
         name = response.names[0]
-        source = _tensor(entries[name].array).contiguous()
         shape = response.shapes[0]
+        source = _tensor(entries[name].array).reshape(shape)
         trailing = tuple(shape[1:])
         base, extra = divmod(shape[0], size)
         rows = [base + (1 if i < extra else 0) for i in range(size)]

@@ -33,6 +33,11 @@ class Streams:
             ready = entry.array.ready if entry.array is not None else None
             if ready is not None:
                 self._stream.wait_event(ready)
+            for described in (entry.array, entry.output):
+                # The caching allocator may hand a tensor's block out again once its owner lets go: not before
+                # the plane's stream is past it.
+                if described is not None and isinstance(described.data, torch.Tensor) and described.data.is_cuda:
+                    described.data.record_stream(self._stream)
         with torch.cuda.stream(self._stream):
             yield
 
@@ -54,7 +59,10 @@ def ready_event(tensor: torch.Tensor) -> Optional[Any]:
     return event
 
 
-def wait_ready(ready: Optional[Any], device: torch.device) -> None:
-    """Make the current stream wait for a result's event (no host synchronisation)."""
+def wait_ready(ready: Optional[Any], tensor: torch.Tensor) -> None:
+    """Make the current stream wait for a result's event (no host synchronisation), and keep the result's block
+    from being reused by the plane's stream while the current stream still works on it."""
     if ready is not None:
-        torch.cuda.current_stream(device).wait_event(ready)
+        stream = torch.cuda.current_stream(tensor.device)
+        stream.wait_event(ready)
+        tensor.record_stream(stream)
