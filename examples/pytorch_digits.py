@@ -35,6 +35,7 @@ def parse_args(argv=None):
     parser.add_argument("--checkpoint", default=os.path.join(".", "checkpoints", "digits.pt"),
                         help="written by rank 0 after every epoch")
     parser.add_argument("--resume", action="store_true", help="start from --checkpoint if it exists")
+    parser.add_argument("--no-cuda", action="store_true", help="train on the CPU even where a GPU is available")
     return parser.parse_args(argv)
 
 
@@ -67,11 +68,12 @@ def averaged(value, name):
     return hvd.allreduce(torch.tensor(float(value)), name=name).item()
 
 
-def evaluate(model, loader):
+def evaluate(model, loader, device):
     model.eval()
     loss, correct, count = 0.0, 0, 0
     with torch.no_grad():
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             out = model(x)
             loss += F.cross_entropy(out, y, reduction="sum").item()
             correct += int((out.argmax(1) == y).sum())
@@ -84,7 +86,7 @@ def load_checkpoint(path, model, optimizer):
     """Rank 0 reads the checkpoint; every rank then receives its weights, optimizer state and epoch."""
     start_epoch = 0
     if hvd.rank() == 0 and os.path.exists(path):
-        state = torch.load(path)
+        state = torch.load(path, map_location="cpu")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"]
@@ -94,6 +96,10 @@ def load_checkpoint(path, model, optimizer):
 def train(args):
     """Train and return the final test accuracy (the same on every worker)."""
     hvd.init()
+    cuda = not args.no_cuda and torch.cuda.is_available()
+    if cuda:      # one GPU per worker, by local rank (ranks share the GPU where a host has fewer)
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     train_set, test_set = datasets(args.seed)
@@ -102,7 +108,7 @@ def train(args):
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
     test_loader = DataLoader(test_set, batch_size=256, sampler=test_sampler)
 
-    model = Net()
+    model = Net().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
     start_epoch = load_checkpoint(args.checkpoint, model, optimizer) if args.resume else 0
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -111,8 +117,8 @@ def train(args):
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
     if hvd.rank() == 0:
-        print(f"training on {hvd.size()} worker(s), {len(train_sampler)} of {len(train_set)} images each",
-              flush=True)
+        print(f"training on {hvd.size()} worker(s) ({device.type}), {len(train_sampler)} of {len(train_set)} images "
+              f"each", flush=True)
 
     accuracy = 0.0
     for epoch in range(start_epoch, args.epochs):
@@ -121,13 +127,14 @@ def train(args):
         train_sampler.set_epoch(epoch)
         total, batches = 0.0, 0
         for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
             total, batches = total + loss.item(), batches + 1
         train_loss = averaged(total / max(batches, 1), "train_loss")
-        test_loss, accuracy = evaluate(model, test_loader)
+        test_loss, accuracy = evaluate(model, test_loader, device)
         if hvd.rank() == 0:
             print(f"epoch {epoch + 1:2d}/{args.epochs}  train loss {train_loss:.4f}  test loss {test_loss:.4f}  "
                   f"test accuracy {100 * accuracy:5.2f}%  ({time.time() - started:.1f}s)", flush=True)

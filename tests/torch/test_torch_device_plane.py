@@ -222,3 +222,30 @@ def test_build_queries_answer_for_the_installed_torch():
     cuda = torch.version.cuda is not None
     assert hvd.cuda_built() is cuda and util.gpu_available("torch") is cuda
     assert (hvd.nccl_built() > 0) == (cuda and torch.distributed.is_nccl_available())
+
+
+# -- a Horovod GPU script on a CPU-only torch ------------------------------------------------------------------------
+
+CUDA_SCRIPT = r"""
+import torch
+import horovod.torch as hvd
+hvd.init()
+torch.cuda.set_device(hvd.local_rank())
+model = torch.nn.Linear(4, 2).cuda()
+"""
+
+
+@pytest.mark.cli
+def test_a_cuda_script_on_a_cpu_torch_fails_only_where_torch_does(tmp_path):
+    from horovod.testing.fixtures import run_horovodrun
+    script = tmp_path / "cuda_script.py"
+    script.write_text(CUDA_SCRIPT)
+    result = run_horovodrun(["-np", "2", sys.executable, str(script)], timeout=60)
+    log = result.stdout + result.stderr
+    if torch.cuda.is_available():
+        assert result.returncode == 0, log[-3000:]
+        return
+    assert result.returncode != 0
+    frames = [line for line in log.splitlines() if line.startswith("[0]<stderr>:") and 'File "' in line]
+    assert frames and f"{os.sep}torch{os.sep}" in frames[-1] and "horovod" not in frames[-1], log[-3000:]
+    assert "HorovodInternalError" not in log, log[-3000:]
