@@ -129,9 +129,10 @@ def inplace_view(tensor: torch.Tensor) -> Optional[tuple]:
     Raises:
         TypeError, ValueError: as :func:`check_tensor`.
     """
-    if not tensor.is_cpu or takes_host_tensors():
-        return None
     try:
+        if not tensor.is_cpu or takes_host_tensors():   # the device path: no view of host memory
+            check_tensor(tensor)
+            return None
         entry = _inplace_views.get(tensor.data_ptr())
     except (AttributeError, RuntimeError):     # not a tensor, or one without a data pointer (sparse)
         check_tensor(tensor)
