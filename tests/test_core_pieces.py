@@ -15,6 +15,7 @@ from horovod.core.negotiation import Batch, Negotiation, PeerNegotiation, StarFo
 from horovod.core.negotiation import oversubscribed
 from horovod.core.negotiation.inline import HeldData, collect
 from horovod.common.types import Request
+from horovod.core.decision import Contributors as C
 
 pytestmark = pytest.mark.unit
 
@@ -75,8 +76,8 @@ def _allreduce(name, shape=(2,)):
 
 def test_held_data_splits_a_batch_into_folded_and_ordinary_tensors():
     held = HeldData()
-    held.hold(0, 0, {"a": b"A0", "b": b"B0"})
-    held.hold(0, 1, {"a": b"A1"})                   # member 1 sent no data for b
+    held.hold(0, C(0), {"a": b"A0", "b": b"B0"})
+    held.hold(0, C(1), {"a": b"A1"})                   # member 1 sent no data for b
     batches = held.batches(0, 2, [[_allreduce("a"), _allreduce("b")], [_allreduce("c")]])
     assert batches == [Batch([_allreduce("a")], [b"A0", b"A1"]), Batch([_allreduce("b")]),
                        Batch([_allreduce("c")])]
@@ -85,12 +86,12 @@ def test_held_data_splits_a_batch_into_folded_and_ordinary_tensors():
 
 def test_held_data_of_a_failed_tensor_or_a_removed_set_is_dropped():
     held = HeldData()
-    held.hold(1, 0, {"a": b"A0"})
-    held.hold(1, 1, {"a": b"A1"})
+    held.hold(1, C(0), {"a": b"A0"})
+    held.hold(1, C(1), {"a": b"A1"})
     error = Response(OpType.ERROR, ("a",), error="mismatch")
     assert held.batches(1, 2, [[error]]) == [Batch([error])]
     assert held.batches(1, 2, [[_allreduce("a")]]) == [Batch([_allreduce("a")])]
-    held.hold(2, 0, {"x": b"X"})
+    held.hold(2, C(0), {"x": b"X"})
     held.forget(2)
     assert held.batches(2, 1, [[_allreduce("x")]]) == [Batch([_allreduce("x")])]
 
@@ -103,32 +104,33 @@ def test_a_relay_folds_what_its_whole_subtree_sent_and_rank_0_folds_a_few_contri
     inputs = {r: rng.standard_normal(3).astype(np.float32) for r in range(size)}
     scaled = Request("s", OpType.ALLREDUCE, "float32", (3,), ReduceOp.AVERAGE, prescale=0.5)
     summed = Request("t", OpType.ALLREDUCE, "float32", (3,))
-    datas = [(r, {"s": inputs[r].tobytes(), "t": inputs[r].tobytes()}) for r in (1, 4, 5, 6)]
+    datas = [(C(r), {"s": inputs[r].tobytes(), "t": inputs[r].tobytes()}) for r in (1, 4, 5, 6)]
     datas[2][1]["odd"] = b"xy"          # a name the relay did not send: passed on as it came
     del datas[3][1]["t"]                # rank 6 sent no data for t: t cannot be folded, it passes on
     up = fold_subtree(1, subtree_size(1, size), {"s": scaled, "t": summed}, datas)
-    assert up[0][0] == (1, 4) and set(up[0][1]) == {"s"}
-    assert dict(up[1:]) == {1: {"t": datas[0][1]["t"]}, 4: {"t": datas[1][1]["t"]},
-                            5: {"t": datas[2][1]["t"], "odd": b"xy"}}
+    assert up[0][0] == C(1, 4) and up[0][0].folded and set(up[0][1]) == {"s"}
+    assert dict(up[1:]) == {C(1): {"t": datas[0][1]["t"]}, C(4): {"t": datas[1][1]["t"]},
+                            C(5): {"t": datas[2][1]["t"], "odd": b"xy"}}
+    assert all(type(key) is C and not key.folded for key, _ in up[1:])
     # Every rank of the subtree sent every name: each folds to its own sum, in one go where the tensors are alike
     # (t and u) and by kind where not (s).
     other = Request("u", OpType.ALLREDUCE, "float32", (2,))
     for names in (("t", "u"), ("s", "t", "u")):
-        whole = [(r, {"s": inputs[r].tobytes(), "t": inputs[r][::-1].tobytes(), "u": inputs[r][:2].tobytes()})
+        whole = [(C(r), {"s": inputs[r].tobytes(), "t": inputs[r][::-1].tobytes(), "u": inputs[r][:2].tobytes()})
                  for r in (1, 4, 5, 6)]
         whole = [(r, {name: data[name] for name in names}) for r, data in whole]
         ((key, sums),) = fold_subtree(1, 4, {"s": scaled, "t": summed, "u": other}, whole)
-        assert key == (1, 4) and list(sums) == list(names)
+        assert key == C(1, 4) and list(sums) == list(names)
         for name, part, factor in (("s", slice(None), 0.5), ("t", slice(None, None, -1), 1.0), ("u", slice(2), 1.0)):
             if name in names:
                 np.testing.assert_allclose(np.frombuffer(sums[name], np.float32),
                                            sum(inputs[r][part] * factor for r in (1, 4, 5, 6)), rtol=1e-6)
     # Rank 0 holds its own, rank 1's folded subtree and ranks 2-3's (leaves here, standing in for their subtrees).
     held = HeldData()
-    held.hold(0, 0, {"s": inputs[0].tobytes()})
+    held.hold(0, C(0), {"s": inputs[0].tobytes()})
     held.hold(0, up[0][0], up[0][1])
     for r in (2, 3):
-        held.hold(0, r, {"s": inputs[r].tobytes()})
+        held.hold(0, C(r), {"s": inputs[r].tobytes()})
     response = Response(OpType.ALLREDUCE, ("s",), "float32", ((3,),), ReduceOp.AVERAGE, 0.5)
     (batch,) = held.batches(0, 7, [[response]])
     assert batch.partial == (False, True, False, False) and len(batch.contributions) == 4
@@ -136,8 +138,8 @@ def test_a_relay_folds_what_its_whole_subtree_sent_and_rank_0_folds_a_few_contri
     want = sum(inputs[r] * 0.5 for r in range(7)) / 7
     np.testing.assert_allclose(got, want, rtol=1e-6)
     # A subtree short of a rank is not complete: the tensor takes the ordinary path.
-    held.hold(0, 0, {"s": b""})
-    held.hold(0, (1, 3), {"s": b""})
+    held.hold(0, C(0), {"s": b""})
+    held.hold(0, C(1, 3), {"s": b""})
     assert held.batches(0, 7, [[response]]) == [Batch([response])]
 
 

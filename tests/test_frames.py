@@ -8,7 +8,7 @@ import pytest
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType, Request, Response
-from horovod.core.decision import Message
+from horovod.core.decision import Contributors, Message
 from horovod.core.negotiation import frames
 from horovod.core.negotiation.frames import (GO, WANT_EVERY, WANT_NEW, WANT_NOW, FRAMES, Go, Msg, Peer, Records,
                                              Reply, Up, Want, decode, decode_body, group_messages, receive)
@@ -35,7 +35,8 @@ RECORDS = {
     "msg-bare": Msg(True, (), (), {}),
     "reply": Reply(False, [[RESPONSE, 4], [ERROR]], None),
     "reply-with-data": Reply(True, [[1], [RESPONSE]], [b"abcd", None]),
-    "up": Up([([1, 3, 4], SENT), ([2], Msg(False, (), (JOIN,), {}).sent())], [(1, {"x": b"1234"}), (4, {})]),
+    "up": Up([([1, 3, 4], SENT), ([2], Msg(False, (), (JOIN,), {}).sent())],
+             [(Contributors(1), {"x": b"1234"}), (Contributors(4), {}), (Contributors(2, 5), {"y": b"56"})]),
     "peer": Peer(12.5, {0: Msg(False, (3, 5), (REQUEST,), {"t": b"\x8f\x90"}), 2: Msg(True, (), (), {})}),
     "records": Records(["10.0.0.1:5000 host-a 1 - 8", "10.0.0.2:5000 host-b 1 - 8"]),
 }
@@ -96,7 +97,9 @@ BAD = {
     "up": [("up", [([1], (False, [], []), 3)], []), ("up", [([1], (False, [], []))], {}),
            ("up", [([1.0], (False, [], []))], []), ("up", [([1], [False, [], []])], []),
            ("up", [([1], (False, [], [], {}))], []), ("up", [], [(1,)]), ("up", [], [("1", {})]),
-           ("up", [], [(1, {"t": 3})]), ("up", (), [])],
+           ("up", [], [((1, 1), {"t": 3})]), ("up", (), []),
+           ("up", [], [(1, {})]), ("up", [], [((1,), {})]), ("up", [], [((1, 1, 1), {})]), ("up", [], [((-1, 1), {})]),
+           ("up", [], [((1, 0), {})]), ("up", [], [((1, True), {})]), ("up", [], [((1.0, 1), {})])],
     "peer": [("peer", 1, {}), ("peer", 1.0, []), ("peer", 1.0, {"0": (False, (), [], {})}),
              ("peer", 1.0, {0: (False, (), [])}), ("peer", 1.0, {0: [False, (), [], {}]}),
              ("peer", 1.0, {0: (False, (), [("t",)], {})})],
@@ -108,6 +111,30 @@ BAD = {
 def test_a_field_of_the_wrong_type_is_refused(raw):
     with pytest.raises(HorovodInternalError, match=rf"malformed '{raw[0]}' frame from rank 3"):
         decode(raw, 3)
+
+
+def test_contributions_are_keyed_by_one_record_and_travel_as_plain_pairs():
+    # One key type, a member's own data or a relay's folded subtree, told apart by its count, not by its type.
+    raw = wire.decode(wire.encode(RECORDS["up"].encode()))
+    assert [key for key, _ in raw[2]] == [(1, 1), (4, 1), (2, 5)]
+    keys = [key for key, _ in decode(raw, 1).datas]
+    assert all(type(key) is Contributors for key in keys) and [key.folded for key in keys] == [False, False, True]
+
+
+@pytest.mark.parametrize("key, field", [((1, 0), "count >= 1"), ((-1, 1), "first rank >= 0"), (3, "not a list")])
+def test_a_wrong_contributors_key_is_refused_naming_it(key, field):
+    with pytest.raises(HorovodInternalError, match=rf"malformed 'up' frame from rank 3: .*contributors.*{field}"):
+        decode(("up", [], [(key, {})]), 3)
+
+
+@pytest.mark.parametrize("field, value", [("dtype", 123), ("prescale", "big"), ("names", ("a", 1)),
+                                          ("device", None), ("last_joined", -2)])
+def test_a_reply_with_a_wrong_response_field_is_refused_naming_the_field(field, value):
+    wrong = list(RESPONSE.to_wire())
+    wrong[Response._fields.index(field)] = value
+    with pytest.raises(HorovodInternalError, match=rf"malformed 'reply' frame from rank 4: malformed response: "
+                                                   rf"{field} is not"):
+        decode(("reply", False, [[tuple(wrong)]], None), 4)
 
 
 def test_a_kind_not_expected_here_is_refused_naming_both():

@@ -21,7 +21,7 @@ from typing import List, Sequence
 import numpy as np
 
 from horovod.algorithms.group import Group, sendrecv
-from horovod.common.util import is_power_of_two
+from horovod.common.util import check_adasum_ranks
 
 __all__ = ["NORM_FLOOR", "coefficients", "combine_pair", "adasum_reduce", "vhdd_allreduce"]
 
@@ -52,15 +52,10 @@ def combine_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (ca * a64 + cb * b64).astype(a.dtype, copy=False)
 
 
-def _check_ranks(n: int) -> None:
-    if not is_power_of_two(n):
-        raise ValueError(f"Adasum needs a power-of-two number of ranks, got {n}")
-
-
 def adasum_reduce(contributions: List[np.ndarray], tensor_bounds: Sequence[int]) -> np.ndarray:
     """The recursive formula on whole buffers (a reference): pairs ``(2i, 2i+1)`` level by level, tensor by tensor."""
     n = len(contributions)
-    _check_ranks(n)
+    check_adasum_ranks(n)
     level = list(contributions)
     while len(level) > 1:
         merged = []
@@ -110,10 +105,10 @@ def vhdd_allreduce(group: Group, buf: np.ndarray, tensor_bounds: Sequence[int], 
         scratch: at least ``buf.size // 2 + 1`` elements of ``buf``'s dtype.
 
     Raises:
-        ValueError: the group's size is not a power of two.
+        NotImplementedError: the group's size is not a power of two.
     """
     n, me = group.size, group.index
-    _check_ranks(n)
+    check_adasum_ranks(n)
     lo, hi = 0, buf.size
     spans = []
     distance = 1

@@ -217,6 +217,17 @@ def is_power_of_two(n: int) -> bool:
 num_rank_is_power_2 = is_power_of_two   # Horovod's name
 
 
+def check_adasum_ranks(n: int) -> None:
+    """Adasum's rule on its rank count, the one copy: the front door checks it when an allreduce is asked for, the
+    algorithm where it runs.
+
+    Raises:
+        NotImplementedError: ``n`` is not a power of two (Horovod's CPU Adasum refuses it with this exception).
+    """
+    if not is_power_of_two(n):
+        raise NotImplementedError(f"Adasum needs a power-of-two number of ranks, not {n}")
+
+
 def split_list(items: Sequence[Any], n: int) -> List[Sequence[Any]]:
     """``items`` in ``n`` consecutive chunks whose lengths differ by at most one, the longer ones first."""
     size, extra = divmod(len(items), n)

@@ -23,8 +23,6 @@ from horovod.core.response_cache import ResponseCache
 __all__ = ["Coordinator"]
 
 _IDENTICAL_OPS = frozenset({OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.BARRIER})
-# A Decision from its three fields without the named tuple's Python-level constructor (once per set and cycle).
-_new_decision = tuple.__new__
 
 
 class Coordinator:
@@ -103,7 +101,7 @@ class Coordinator:
         if self._joined and len(self._joined) == self.size:
             batches.append([Response(OpType.JOIN, ("join",), last_joined=self._last_joined)])
             self._joined.clear()
-        return _new_decision(Decision, (batches, shutdown, reports, self.arrivals))
+        return Decision.fast((batches, shutdown, reports, self.arrivals))
 
     def set_fusion_threshold(self, fusion_threshold: int) -> None:
         """Plan fusion up to ``fusion_threshold`` bytes from the next cycle on (autotune's choice)."""

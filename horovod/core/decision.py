@@ -15,7 +15,7 @@ from typing import List, NamedTuple, Sequence, Tuple
 
 from horovod.common.types import Request
 
-__all__ = ["FATAL_ERROR", "Message", "StallReport", "Decision"]
+__all__ = ["FATAL_ERROR", "Message", "StallReport", "Decision", "Contributors"]
 
 FATAL_ERROR = 1   # ERROR response payload: raise HorovodInternalError, as Horovod shuts down on a stall
 
@@ -54,3 +54,25 @@ class Decision(NamedTuple):
     stalls: Sequence[StallReport] = ()
     arrivals: Sequence[Tuple[str, int, int]] = ()
 
+    # ``Decision.fast(fields)``: the decision from a full tuple of its fields in order, without the named tuple's
+    # Python-level constructor (once per set and cycle).
+    fast = classmethod(tuple.__new__)
+
+
+
+class Contributors(NamedTuple):
+    """Whose small-allreduce data travelled with the negotiation: the one key of such data, in :class:`Up` frames
+    (:mod:`horovod.core.negotiation.frames`) and in what a negotiation holds (:mod:`horovod.core.negotiation.inline`).
+
+    ``count`` 1: the input of the member at position ``first``, as it sent it (to be prescaled when folded); more:
+    the whole subtree of ``count`` ranks under tree relay ``first``, folded on its way up (already prescaled). A relay
+    folds only when it has children, so a folded subtree always holds more than one rank.
+    """
+
+    first: int
+    count: int = 1
+
+    @property
+    def folded(self) -> bool:
+        """Whether this is a subtree's data, folded (and prescaled) on the way up."""
+        return self.count > 1

@@ -31,7 +31,7 @@ from horovod.common.types import Request
 from horovod.core.execution import Executor
 from horovod.core.handles import Handle
 from horovod.core.negotiation import for_loop
-from horovod.core.negotiation.base import BATCH_SPACING_SECONDS, IDLE, NEW, POLL_SECONDS, report_stalls
+from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, report_stalls, spacing_for
 from horovod.core.ops import Entry
 from horovod.core.set_state import ProcessSets, SetState, close_segments
 from horovod.core.waiters import Handback, Waiters, Wakeup, shorter, spin_select
@@ -78,8 +78,7 @@ class Engine:
         self.waiters = Waiters()
         self.wake = Wakeup()
         self.cycle_time = config.cycle_time / 1000.0
-        # Left at its default, the cycle time spaces batching cycles by at least BATCH_SPACING_SECONDS.
-        self._default_spacing = not config.is_explicit("HOROVOD_CYCLE_TIME")
+        self._cycle_time_chosen = config.is_explicit("HOROVOD_CYCLE_TIME")     # see spacing_for
         self._shutdown = False
         self._stopped = False                   # the loop has ended; set before pending handles are failed
         self._error: Optional[str] = None
@@ -278,7 +277,7 @@ class Engine:
 
     def batch_spacing(self) -> float:
         """How long requests gather before a cycle nobody waits for."""
-        return max(self.cycle_time, BATCH_SPACING_SECONDS) if self._default_spacing else self.cycle_time
+        return spacing_for(self.cycle_time, self._cycle_time_chosen)
 
     def _run(self) -> None:
         """The engine thread: run the loop, except while a waiting caller runs it (see :meth:`drive`)."""
@@ -364,7 +363,7 @@ class Engine:
     def _apply_tuning(self, fusion_threshold: int, cycle_time_ms: float) -> None:
         """Autotune's choice; both knobs act on rank 0 only (it plans fusion and starts cycles)."""
         self.cycle_time = cycle_time_ms / 1000.0
-        self._default_spacing = False
+        self._cycle_time_chosen = True
         self._sets.set_fusion_threshold(fusion_threshold)
 
     # -- a cycle: negotiate and execute, set by set ---------------------------------------------------------------

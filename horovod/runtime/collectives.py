@@ -8,7 +8,7 @@ output array (alltoall: ``(output, received_splits)``; grouped ops: a list).
 from __future__ import annotations
 
 import hashlib
-import warnings
+import types
 from typing import Any, List, Optional, Sequence
 
 import cloudpickle
@@ -19,7 +19,7 @@ from horovod.runtime import device as _device
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.common.exceptions import UnsupportedOperationError
 from horovod.common.types import CPU_DEVICE, OpType, ReduceOp, Request, dtype_name
-from horovod.common.util import is_power_of_two
+from horovod.common.util import check_adasum_ranks, get_average_backwards_compatibility_fun
 from horovod.core.handles import Handle
 
 Average, Sum, Adasum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN,
@@ -47,23 +47,25 @@ def _name(prefix: str, name: Optional[str], process_set: Optional[ProcessSet] = 
     return f"{prefix}.{name}" if name else _auto_name(prefix, process_set)
 
 
+# Horovod's rule for the deprecated ``average=`` argument (op and average together is an error; average alone maps
+# to Average or Sum, with its DeprecationWarning), the one copy: common.util's, which bindings also export.
+_op_or_average = get_average_backwards_compatibility_fun(types.SimpleNamespace(Average=Average, Sum=Sum))
+
+
 def resolve_op(op: Optional[int], average: Optional[bool]) -> ReduceOp:
-    """Horovod's rule for the deprecated ``average=`` argument: op and average together is an error."""
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    if op is None:
-        return Average
+    """The reduce op that ``op`` and the deprecated ``average`` ask for (:func:`horovod.common.util.
+    get_average_backwards_compatibility_fun`'s rule; neither: Average).
+
+    Raises:
+        ValueError: both are given, or ``op`` is not a reduce op.
+    """
+    if average is not None or op is None:
+        op = _op_or_average(op, average)
     found = _REDUCE_OPS.get(op)     # a dict hit instead of the enum's slow constructor: this runs per gradient
     return found if found is not None else ReduceOp(op)
 
 
 _REDUCE_OPS = {int(op): op for op in ReduceOp}
-# A Request from a full tuple of its fields, without the named tuple's Python-level constructor (per gradient).
-_new_request = tuple.__new__
 
 
 def _set_id(process_set: Optional[ProcessSet]) -> int:
@@ -150,8 +152,7 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
         size = len(_set_ranks(set_id))
         if set_id != 0:
             raise NotImplementedError("Adasum does not support non-global process sets yet")
-        if not is_power_of_two(size):
-            raise NotImplementedError(f"Adasum needs a power-of-two number of ranks, not {size}")
+        check_adasum_ranks(size)
         if not dtype.startswith("float") and dtype != "bfloat16":
             raise ValueError(f"Adasum needs floating-point tensors, not {dtype}")
     if dtype == "bool" and (reduce_op == Average or prescale_factor != 1.0 or postscale_factor != 1.0):
@@ -159,9 +160,9 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
     if output is not None and output is not array:
         _check_output("allreduce", output, array.shape)
     full_name = _full_name or (f"allreduce.{name}" if name else _auto_name("allreduce", process_set))
-    request = _new_request(Request, (full_name, OpType.ALLREDUCE, dtype, array.shape, int(reduce_op),
-                                     float(prescale_factor), float(postscale_factor), -1, None, _group,
-                                     (_group_size,) if _group >= 0 else None, device))
+    request = Request.fast((full_name, OpType.ALLREDUCE, dtype, array.shape, int(reduce_op),
+                             float(prescale_factor), float(postscale_factor), -1, None, _group,
+                             (_group_size,) if _group >= 0 else None, device))
     return _device.wrap_staged(basics.engine().submit(request, array, output, set_id), restore)
 
 

@@ -24,7 +24,9 @@ from pyspark import BarrierTaskContext, TaskContext
 from horovod.common import config
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
+from horovod.runner.backends import spark_link
 from horovod.runner.backends.spark import AGENT_PURPOSE
+from horovod.runner.backends.spark_link import Done, Exit, Hello, Launch, Out, Signal, StartError, Started
 from horovod.runner.pipeline import without_launcher_vars
 from horovod.runner.procgroup import release_session, signal_group, start_session
 
@@ -71,19 +73,27 @@ class _Link:
         self.sock.settimeout(None)
         self._lock = threading.Lock()
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: spark_link.Message) -> None:
         with self._lock:
             try:
-                wire.send_frame(self.sock, wire.encode(message))
+                wire.send_frame(self.sock, wire.encode(message.to_wire()))
             except OSError:  # the driver is gone; the command loop sees it too
                 pass
 
-    def recv(self) -> Optional[tuple]:
+    def recv(self) -> Optional[spark_link.Message]:
+        """The driver's next order, checked; None when the connection is gone.
+
+        Raises:
+            HorovodInternalError: the driver's message is malformed (it names the kind and the field).
+        """
         try:
-            message = wire.decode(wire.recv_frame(self.sock))
+            raw = wire.decode(wire.recv_frame(self.sock))
         except (OSError, HorovodInternalError):
             return None
-        return message if isinstance(message, tuple) and message else None
+        try:
+            return spark_link.decode(raw, *spark_link.FROM_DRIVER)
+        except ValueError as exc:
+            raise HorovodInternalError(f"the Spark driver sent this agent a malformed message: {exc}") from None
 
 
 class _Worker:
@@ -106,13 +116,13 @@ class _Worker:
                 data = pipe.read1(_CHUNK)
                 if not data:
                     return
-                self.link.send(("out", stream, data))
+                self.link.send(Out(stream, data))
 
     def _report_exit(self) -> None:
         code = self.proc.wait()
         for relay in self.relays:
             relay.join(2.0)
-        self.link.send(("exit", code))
+        self.link.send(Exit(code))
 
     def stop(self) -> Optional[int]:
         """Kill whatever is left of the worker's process group; its exit status."""
@@ -128,17 +138,17 @@ def _command_loop(link: _Link) -> Optional[int]:
     try:
         while True:
             message = link.recv()
-            if message is None or message[0] == "done":
+            if message is None or type(message) is Done:
                 break
-            if message[0] == "launch" and worker is None:
+            if type(message) is Launch and worker is None:
                 try:
-                    worker = _Worker(link, message[1], merge_env(config.environ_snapshot(), message[2]))
+                    worker = _Worker(link, message.argv, merge_env(config.environ_snapshot(), message.env))
                 except OSError as exc:
-                    link.send(("error", f"{message[1][0]}: {exc}"))
+                    link.send(StartError(f"{message.argv[0]}: {exc}"))
                     continue
-                link.send(("started", worker.proc.pid))
-            elif message[0] == "signal" and worker is not None:
-                signal_group(worker.proc.pid, int(message[1]))
+                link.send(Started(worker.proc.pid))
+            elif type(message) is Signal and worker is not None:
+                signal_group(worker.proc.pid, message.sig)
     finally:
         code = worker.stop() if worker is not None else None
     return code
@@ -150,10 +160,11 @@ def run_agent(spec: AgentSpec, index: int, attempt: int, host: str) -> Optional[
     Raises:
         RuntimeError: an elastic agent's worker failed (so Spark retries the task as a fresh host).
         OSError: the driver cannot be reached or authenticated.
+        HorovodInternalError: the driver sent a malformed message (the worker is stopped first).
     """
     link = _Link(spec, index)
     try:
-        link.send(("hello", index, attempt, host, os.getpid(), sys.executable))
+        link.send(Hello(index, attempt, host, os.getpid(), sys.executable))
         code = _command_loop(link)
     finally:
         link.sock.close()

@@ -19,8 +19,8 @@ from horovod.core.set_state import IDLE, NEW, PENDING, SetState
 from horovod.core.waiters import Waiters, Wakeup
 from horovod.transport.base import Transport
 
-__all__ = ["POLL_SECONDS", "BATCH_SPACING_SECONDS", "IDLE", "PENDING", "NEW", "Batch", "Loop", "Negotiation",
-           "report_stalls", "plain_batches"]
+__all__ = ["POLL_SECONDS", "BATCH_SPACING_SECONDS", "spacing_for", "IDLE", "PENDING", "NEW", "Batch", "Loop",
+           "Negotiation", "report_stalls", "plain_batches"]
 
 POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
 # Cycles that nobody waits for (a backward pass submitting gradients one by one) are spaced by at least this much
@@ -28,6 +28,13 @@ POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks agai
 # time, and a few milliseconds let a burst of gradients fuse into one buffer. A caller waiting for a result never
 # waits for it.
 BATCH_SPACING_SECONDS = 0.010
+
+
+def spacing_for(cycle_time: float, explicit: bool) -> float:
+    """How long requests gather before a cycle nobody waits for: the cycle time, and at least
+    :data:`BATCH_SPACING_SECONDS` unless it was chosen (``explicit``: HOROVOD_CYCLE_TIME set, or autotune's). The one
+    copy of the rule: the engine and the simulation's ranks both ask it."""
+    return cycle_time if explicit else max(cycle_time, BATCH_SPACING_SECONDS)
 log = logging.getLogger("horovod")
 
 

@@ -19,7 +19,8 @@ The frames, by kind (``Frame`` is their union, :data:`FRAMES` the list):
 - ``reply`` (:class:`Reply`: ``stop``, ``batches`` of responses with a cached one as its bit, ``results`` =
   per batch None or its result, folded by rank 0 from the data the messages carried): star, a set's first rank to
   every member; tree, a parent to its children. It starts the cycle for a rank whose message was already in.
-- ``up`` (:class:`Up`: ``groups`` = the ranks that sent one message and that message, ``datas`` = (rank, data)):
+- ``up`` (:class:`Up`: ``groups`` = the ranks that sent one message and that message, ``datas`` = (contributors,
+  data), the contributors a :class:`~horovod.core.decision.Contributors` travelling as ``(first, count)``):
   tree, a child to its parent, with its whole subtree's messages for the global set (rank 0 decodes the messages'
   requests in full: :func:`group_messages`).
 - ``peer`` (:class:`Peer`: ``clock``, ``messages`` = set id -> a ``msg``'s fields): peer, every rank to every other
@@ -34,7 +35,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, 
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import Request, Response
-from horovod.core.decision import Message
+from horovod.core.decision import Contributors, Message
 
 __all__ = ["WANT_NEW", "WANT_EVERY", "WANT_NOW", "Go", "Want", "Msg", "Reply", "Up", "Peer", "Records", "GO",
            "FRAMES", "Frame", "decode", "receive", "decode_body",
@@ -220,8 +221,9 @@ class Reply(NamedTuple):
 
 class Up(NamedTuple):
     """A subtree's messages for the global set (tree: a child to its parent): ``groups`` lists together the ranks
-    that sent the very same message; ``datas`` holds (rank, small allreduces' data) for ranks that sent some, and
-    ((relay, ranks), data) for what a relay folded of its subtree's.
+    that sent the very same message; ``datas`` holds (:class:`~horovod.core.decision.Contributors`, small
+    allreduces' data): ``Contributors(rank)`` for a rank that sent some, ``Contributors(relay, ranks)`` for what a
+    relay folded of its subtree's (on the wire, the plain tuple ``(first, count)``).
 
     A group's message stays as sent (:meth:`Msg.sent`, its shape checked) until rank 0 decodes it in full with
     :func:`group_messages`: the ranks in between only compare messages, and decoding a step's 200 uncached requests
@@ -229,13 +231,13 @@ class Up(NamedTuple):
     """
 
     groups: List[Group]
-    datas: List[Tuple[int, Data]]
+    datas: List[Tuple[Contributors, Data]]
     KIND = "up"
     ARITY = 2
 
     def encode(self) -> tuple:
         """The frame as plain data."""
-        return ("up", self.groups, self.datas)
+        return ("up", self.groups, [((key[0], key[1]), data) for key, data in self.datas])
 
     @staticmethod
     def from_fields(fields: tuple) -> "Up":
@@ -256,13 +258,11 @@ class Up(NamedTuple):
         held = []
         for item in datas:
             if type(item) not in (list, tuple) or len(item) != 2:
-                raise _Malformed("tensor data is not (rank, data)")
-            key = item[0]
-            if type(key) is not int:        # a relay's subtree, folded on the way up: (relay, ranks)
-                key = _ints(key, "a folded subtree's key")
-                if len(key) != 2:
-                    raise _Malformed("a folded subtree's key is not (relay, ranks)")
-            held.append((key, _data(item[1])))
+                raise _Malformed("tensor data is not (contributors, data)")
+            key = _ints(item[0], "tensor data's contributors")
+            if len(key) != 2 or key[0] < 0 or key[1] < 1:
+                raise _Malformed(f"tensor data's contributors {key!r:.40} are not (first rank >= 0, count >= 1)")
+            held.append((Contributors(*key), _data(item[1])))
         return _new(Up, (checked, held))
 
 

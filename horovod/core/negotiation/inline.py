@@ -22,7 +22,7 @@ the ranks hold. :func:`relayed_budget` bounds what travels up.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from horovod.algorithms.buffers import Buffers
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import CPU_DEVICE, OpType, ReduceOp, Request, Response, nbytes, numpy_dtype
 from horovod.core import fusion
+from horovod.core.decision import Contributors
 from horovod.core.negotiation.base import Batch
 
 __all__ = ["INLINE_TENSOR_BYTES", "INLINE_FRAME_BYTES", "RELAYED_TOTAL_BYTES", "eligible", "collect",
@@ -68,24 +69,15 @@ def relayed_budget(size: int) -> int:
 
 RELAYED_TOTAL_BYTES = 64 * 1024
 
-# Whose contribution held data is: a member's position, or (relay's rank, ranks) for its subtree's, folded on the way
-# up (every one prescaled).
-Key = Union[int, Tuple[int, int]]
-
-
-def _ranks_in(key: Key) -> int:
-    return 1 if type(key) is int else key[1]
-
-
-def _first(key: Key) -> int:
-    return key if type(key) is int else key[0]
+Key = Contributors     # whose contribution held data is: a member's, or a subtree's folded on the way up
+Data = Dict[str, bytes]
 
 
 def fold_subtree(rank: int, ranks: int, requests: Dict[str, Request], datas: List[Tuple[Key, Data]]
                  ) -> List[Tuple[Key, Data]]:
     """A relay's subtree data (``datas``: its own and its children's, as received) with every small allreduce that
     all ``ranks`` of the subtree sent, the same size as this rank's own, folded into one contribution keyed
-    ``(rank, ranks)``; the rest passes on as it came. ``requests``: this rank's own requests with data, by name (their
+    ``Contributors(rank, ranks)``; the rest passes on as it came. ``requests``: this rank's own requests with data, by name (their
     op, dtype and prescale: a rank whose differ makes the coordinator fail the tensor, and its data is dropped)."""
     whole = _fold_whole(rank, ranks, requests, datas)
     if whole is not None:
@@ -100,7 +92,7 @@ def fold_subtree(rank: int, ranks: int, requests: Dict[str, Request], datas: Lis
     for name, items in by_name.items():
         request = requests.get(name)
         size = len(items[0][1])
-        if request is None or sum(_ranks_in(key) for key, _ in items) != ranks or any(
+        if request is None or sum(key.count for key, _ in items) != ranks or any(
                 len(value) != size for _, value in items) or size != nbytes(request.dtype, request.shape):
             for key, value in items:
                 left.setdefault(key, {})[name] = value
@@ -111,7 +103,7 @@ def fold_subtree(rank: int, ranks: int, requests: Dict[str, Request], datas: Lis
     for (dtype, reduce_op, prescale, keys), names in alike.items():
         per_key = [{name: by_name[name][index][1] for name in names} for index in range(len(keys))]
         folded.update(_fold_alike((dtype, reduce_op, prescale), keys, names, per_key))
-    return ([((rank, ranks), folded)] if folded else []) + list(left.items())
+    return ([(Contributors(rank, ranks), folded)] if folded else []) + list(left.items())
 
 
 def _fold_whole(rank: int, ranks: int, requests: Dict[str, Request], datas: List[Tuple[Key, Data]]
@@ -119,7 +111,7 @@ def _fold_whole(rank: int, ranks: int, requests: Dict[str, Request], datas: List
     # The steady state, without a look at each tensor: every contributor sent the same names, all alike. (A rank
     # whose tensor has another shape under the same name made the coordinator fail it: what is folded here is
     # dropped.)
-    if not datas or sum(_ranks_in(key) for key, _ in datas) != ranks:
+    if not datas or sum(key.count for key, _ in datas) != ranks:
         return None
     own = datas[0][1]
     names = list(own)
@@ -129,7 +121,7 @@ def _fold_whole(rank: int, ranks: int, requests: Dict[str, Request], datas: List
     if any((request.dtype, request.reduce_op, request.prescale) != kind for request in map(requests.get, names)):
         return None
     folded = _fold_alike(kind, [key for key, _ in datas], names, [data for _, data in datas])
-    return None if folded is None else [((rank, ranks), folded)]
+    return None if folded is None else [(Contributors(rank, ranks), folded)]
 
 
 def _fold_alike(kind: tuple, keys: Sequence[Key], names: List[str], per_key: List[Data]) -> Optional[Data]:
@@ -152,8 +144,7 @@ def _fold_joined(dtype: str, reduce_op: int, prescale: float, keys: Sequence[Key
     count = len(joined[0]) // carrier.itemsize
     acc = np.empty(count, carrier)
     other = np.empty(count, carrier) if prescale != 1.0 else None
-    _accumulate(acc, joined, tuple(type(key) is not int for key in keys), prescale, reduction.ufunc_for(reduce_op),
-                other)
+    _accumulate(acc, joined, tuple(key.folded for key in keys), prescale, reduction.ufunc_for(reduce_op), other)
     return acc.tobytes()
 
 
@@ -181,7 +172,7 @@ class HeldData:
         self._sets: Dict[int, Dict[str, Dict[Key, bytes]]] = {}
 
     def hold(self, set_id: int, key: Key, data: Dict[str, bytes]) -> None:
-        """Keep the contributions of the member at position ``key`` (or of a subtree: ``(relay, ranks)``)."""
+        """Keep the contributions of ``key``: a member (``Contributors(position)``) or a folded subtree."""
         held = self._sets.setdefault(set_id, {})
         for name, contribution in data.items():
             held.setdefault(name, {})[key] = contribution
@@ -224,7 +215,7 @@ def _split(held: Dict[str, Dict[Key, bytes]], size: int, batch: Sequence[Respons
     complete: List[Dict[Key, bytes]] = []
     for response in batch:
         got = held.pop(response.names[0], None)
-        if got is not None and sum(_ranks_in(key) for key in got) == size and (
+        if got is not None and sum(key.count for key in got) == size and (
                 not complete or got.keys() == complete[0].keys()):
             folded.append(response)
             complete.append(got)
@@ -232,8 +223,8 @@ def _split(held: Dict[str, Dict[Key, bytes]], size: int, batch: Sequence[Respons
             rest.append(response)
     if not folded:
         return folded, None, (), rest
-    keys = sorted(complete[0], key=_first)
-    partial = tuple(type(key) is not int for key in keys)
+    keys = sorted(complete[0])      # by first member (a relay's own and its subtree's are never both one tensor's)
+    partial = tuple(key.folded for key in keys)
     if len(complete) == 1:
         return folded, [complete[0][key] for key in keys], partial if any(partial) else (), rest
     return folded, [b"".join(h[key] for h in complete) for key in keys], partial if any(partial) else (), rest

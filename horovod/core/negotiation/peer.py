@@ -14,7 +14,7 @@ import logging
 from typing import Dict, List, Optional, Tuple
 
 from horovod.common.types import OpType
-from horovod.core.decision import Decision, Message
+from horovod.core.decision import Contributors, Decision, Message
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import POLL_SECONDS, Loop, Negotiation
 from horovod.core.negotiation.frames import Msg, Peer, receive
@@ -175,7 +175,7 @@ class PeerNegotiation(Negotiation):
                 msgs[set_id] = msg = Msg(shutdown, tuple(hits), tuple(full), data)
                 own[set_id] = msg.message
             if data:
-                self.held.hold(set_id, state.index, data)
+                self.held.hold(set_id, Contributors(state.index), data)
         frame = Peer(now, msgs).encode()
         for peer in self._peers.values():
             loop.transport.send_obj(peer, frame)
@@ -208,5 +208,5 @@ class PeerNegotiation(Negotiation):
         if msg is None:
             return _EMPTY_MESSAGE, frame.clock
         if msg.data:
-            self.held.hold(state.id, position, msg.data)
+            self.held.hold(state.id, Contributors(position), msg.data)
         return msg.message, frame.clock

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
-from horovod.core.decision import Decision, Message
+from horovod.core.decision import Contributors, Decision, Message
 from horovod.core import fusion
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Batch, Loop, Negotiation
@@ -95,7 +95,7 @@ class StarNegotiation(Negotiation):
         hits, full = split_hits(state.cache, state.last_requests, requests)
         messages = [Message(shutdown, tuple(hits), tuple(full))]
         if state.id == 0:    # rank 0's own small allreduces' data, held with the others'
-            self.held.hold(0, 0, _relayed(state, requests))
+            self.held.hold(0, Contributors(0), _relayed(state, requests))
         for position, peer in enumerate(state.ranks[1:], 1):
             messages.append(self._hold(state, position, self._recv_message(state, peer)))
         batches, stop, reports, arrivals = state.coordinator.step(messages, self.loop.clock())
@@ -124,7 +124,7 @@ class StarNegotiation(Negotiation):
     def _hold(self, state: SetState, position: int, msg: Msg) -> Message:
         """``msg``'s message; the allreduce data it carries is held for folding (global set only)."""
         if msg.data and state.id == 0:
-            self.held.hold(state.id, position, msg.data)
+            self.held.hold(state.id, Contributors(position), msg.data)
         return msg.message
 
     def forget(self, set_id: int) -> None:

@@ -35,7 +35,7 @@ import logging
 from typing import Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
-from horovod.core.decision import Decision
+from horovod.core.decision import Contributors, Decision
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop
 from horovod.core.negotiation.frames import (GO, WANT_EVERY, WANT_NEW, WANT_NOW, Go, Group, Reply, Up, Want,
@@ -279,7 +279,7 @@ class TreeNegotiation(StarNegotiation):
         small allreduces' data of the whole subtree."""
         msg = message_and_data(state, shutdown, relay=True)
         groups: Groups = [([self.loop.rank], msg.sent())]
-        datas = [(self.loop.rank, msg.data)] if msg.data else []
+        datas = [(Contributors(self.loop.rank), msg.data)] if msg.data else []
         for child in self._children:
             up = self._early.get(child)
             if up is None:
@@ -307,8 +307,8 @@ class TreeNegotiation(StarNegotiation):
         for key, data in datas:
             # A rank's own, or a relay's subtree folded on the way up (its count checked: the sum must hold each
             # rank once).
-            if (type(key) is int and 0 <= key < size) or (
-                    type(key) is tuple and 0 < key[0] < size and key[1] == subtree_size(key[0], size)):
+            if 0 <= key.first < size and (key.count == 1 or (
+                    key.first > 0 and key.count == subtree_size(key.first, size))):
                 self.held.hold(state.id, key, data)
         seen = sum(len(ranks) for ranks, _ in groups)
         if seen != self.loop.size or len({r for ranks, _ in groups for r in ranks}) != self.loop.size:

@@ -10,14 +10,15 @@ session of its own that dies with the agent, streams the worker's output back an
 The agent's connection is its liveness: when Spark's Python worker that runs an agent dies (an executor lost, a
 process killed), its connection closes and its worker counts as killed by SIGKILL, at once.
 
-Messages are class-free tuples (:func:`horovod.common.wire.encode`), agent to driver: ``("hello", index, attempt,
-host, pid, python)``, ``("started", pid)``, ``("error", text)``, ``("out", stream, bytes)``, ``("exit", code)``;
-driver to agent: ``("launch", argv, env)``, ``("signal", sig)``, ``("done",)``. This module does not import pyspark.
+The messages are the typed records of :mod:`horovod.runner.backends.spark_link`, which travel as plain tuples and
+are checked field by field where they arrive: an agent whose message is malformed is dropped as lost, with a warning
+that names the field. This module does not import pyspark.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import socket
@@ -27,13 +28,17 @@ from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
+from horovod.runner.backends import spark_link
 from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_each
+from horovod.runner.backends.spark_link import DONE, Exit, Hello, Launch, Out, Signal, StartError, Started
 
 __all__ = ["AGENT_PURPOSE", "AgentInfo", "Agent", "AgentServer", "SparkWorkerHandle", "SparkBackend"]
 
 AGENT_PURPOSE = 0x5350524B  # "SPRK": the handshake purpose of agent connections
 _DRIVER_ID = -1             # the driver's "rank" in the handshake
 _LOST = -signal.SIGKILL     # a worker whose agent vanished counts as killed
+log = logging.getLogger("horovod")
+_AFTER_HELLO = (Started, StartError, Out, Exit)     # what an agent may say once it said hello
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,11 +97,11 @@ class SparkWorkerHandle:
     def signal(self, sig: int) -> None:
         """Ask the agent to send ``sig`` to the worker's process group (nothing if it has ended)."""
         if self.returncode is None:
-            self.agent.send(("signal", int(sig)))
+            self.agent.send(Signal(int(sig)))
 
     def release(self) -> None:
         """Tell the agent its work is over: it ends its Spark task."""
-        self.agent.send(("done",))
+        self.agent.send(DONE)
 
     # -- fed by the agent's connection -----------------------------------------------------------------------------
 
@@ -148,13 +153,13 @@ class Agent:
         self.lost = False
         self._send_lock = threading.Lock()
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: spark_link.Message) -> None:
         """Send one message; a vanished agent is ignored (its loss is reported by the reader)."""
         with self._send_lock:
             if self.lost:
                 return
             try:
-                wire.send_frame(self.sock, wire.encode(message))
+                wire.send_frame(self.sock, wire.encode(message.to_wire()))
             except OSError:
                 pass
 
@@ -169,22 +174,22 @@ class Agent:
         if self.lost:
             raise OSError(f"agent {self.info.index} on {self.info.host} was lost")
         self.worker = SparkWorkerHandle(self)
-        self.send(("launch", tuple(argv), dict(env)))
+        self.send(Launch(tuple(argv), dict(env)))
         self.worker._await_start(timeout)
         return self.worker
 
-    def _dispatch(self, message: tuple) -> None:
-        kind, worker = message[0], self.worker
+    def _dispatch(self, message: spark_link.Message) -> None:
+        worker, kind = self.worker, type(message)
         if worker is None:
             return
-        if kind == "started":
-            worker._on_started(int(message[1]))
-        elif kind == "error":
-            worker._on_error(str(message[1]))
-        elif kind == "out":
-            worker._on_output(str(message[1]), bytes(message[2]))
-        elif kind == "exit":
-            worker._finish(int(message[1]))
+        if kind is Started:
+            worker._on_started(message.pid)
+        elif kind is StartError:
+            worker._on_error(message.text)
+        elif kind is Out:
+            worker._on_output(message.stream, message.data)
+        elif kind is Exit:
+            worker._finish(message.code)
 
     def _on_lost(self) -> None:
         with self._send_lock:
@@ -259,7 +264,7 @@ class AgentServer:
             agents = list(self._agents.values())
             self._changed.notify_all()
         for agent in agents:
-            agent.send(("done",))
+            agent.send(DONE)
         try:
             self._listener.close()
         except OSError:
@@ -281,18 +286,19 @@ class AgentServer:
     def _hello(self, sock: socket.socket) -> AgentInfo:
         sock.settimeout(self.handshake_timeout)
         wire.handshake(sock, self.secret, _DRIVER_ID, AGENT_PURPOSE, dialer=False)
-        message = wire.decode(wire.recv_frame(sock))
-        if not (isinstance(message, tuple) and len(message) == 6 and message[0] == "hello"):
-            raise HorovodInternalError(f"expected an agent's hello, got {str(message)[:100]}")
+        hello = spark_link.decode(wire.decode(wire.recv_frame(sock)), Hello)
         sock.settimeout(None)
-        _, index, attempt, host, pid, python = message
-        return AgentInfo(int(index), int(attempt), str(host), int(pid), str(python))
+        return AgentInfo(hello.index, hello.attempt, hello.host, hello.pid, hello.python)
 
     def _serve(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             info = self._hello(sock)
         except (OSError, HorovodInternalError):
+            sock.close()
+            return
+        except ValueError as exc:
+            log.warning("a Spark agent's first message is malformed; its connection is closed: %s", exc)
             sock.close()
             return
         agent = Agent(info, sock)
@@ -308,11 +314,12 @@ class AgentServer:
             old._on_lost()
         try:
             while True:
-                message = wire.decode(wire.recv_frame(sock))
-                if isinstance(message, tuple) and message:
-                    agent._dispatch(message)
+                agent._dispatch(spark_link.decode(wire.decode(wire.recv_frame(sock)), *_AFTER_HELLO))
         except (OSError, HorovodInternalError):
             pass
+        except ValueError as exc:
+            log.warning("Spark agent %d on %s sent a malformed message; it counts as lost: %s", info.index, info.host,
+                        exc)
         agent._on_lost()
         with self._changed:
             if self._agents.get(info.index) is agent:

@@ -17,7 +17,7 @@ from horovod.common.types import OpType
 from horovod.core import fusion
 from horovod.core.execution import complete
 from horovod.core.negotiation import for_loop
-from horovod.core.negotiation.base import BATCH_SPACING_SECONDS
+from horovod.core.negotiation.base import spacing_for
 from horovod.core.set_state import NEW, ProcessSets
 from horovod.core.waiters import Waiters
 from horovod.tools.simulate.startup import RENDEZVOUS_FD
@@ -87,8 +87,7 @@ class SimRank:
         self.waiters = Waiters()
         self.wake = SimWake(self)
         self.cycle_time = config.cycle_time / 1000.0
-        self._spacing = self.cycle_time if config.is_explicit("HOROVOD_CYCLE_TIME") else \
-            max(self.cycle_time, BATCH_SPACING_SECONDS)
+        self._spacing = spacing_for(self.cycle_time, config.is_explicit("HOROVOD_CYCLE_TIME"))
         self.negotiation = for_loop(self, config)
         self._sets = ProcessSets(rank, self.transport, config, None, self.negotiation.every_member_coordinates)
         self._sets.add(0, range(self.size))
