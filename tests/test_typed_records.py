@@ -53,8 +53,14 @@ WRONG_RESPONSE = {
 }
 
 
-def _with(record, field: str, value) -> tuple:
+def _full(record) -> list:
+    """Every field on the wire, the device too (to_wire leaves a host tensor's out)."""
     wire = list(record.to_wire())
+    return wire + [record.device] if len(wire) < len(type(record)._fields) else wire
+
+
+def _with(record, field: str, value) -> tuple:
+    wire = _full(record)
     wire[type(record)._fields.index(field)] = value
     return tuple(wire)
 
@@ -87,9 +93,19 @@ def test_a_response_with_a_wrong_field_is_refused_naming_it(field, value):
 
 @pytest.mark.parametrize("decoder, size", [(Request.from_wire, 12), (Response.from_wire, 13)])
 def test_what_is_not_a_tuple_of_all_fields_is_refused(decoder, size):
-    for data in (None, [0] * size, (0,) * (size - 1), (0,) * (size + 1), "x" * size):
+    for data in (None, [0] * size, (0,) * (size - 2), (0,) * (size + 1), "x" * size):
         with pytest.raises(ValueError, match=rf"not a tuple of {size} fields"):
             decoder(data)
+
+
+@pytest.mark.parametrize("record", [Request("t", OpType.ALLREDUCE, "float32", (2,)),
+                                    Request("t", OpType.ALLREDUCE, "float32", (2,), device="cuda:1"),
+                                    Response(OpType.ALLREDUCE, ("t",), "float32", ((2,),)),
+                                    Response(OpType.ALLREDUCE, ("t",), "float32", ((2,),), device="cuda")], ids=repr)
+def test_a_host_record_leaves_its_device_off_the_wire_and_comes_back_on_the_cpu(record):
+    wire = record.to_wire()
+    assert len(wire) == len(type(record)._fields) - (record.device == "cpu")
+    assert type(record).from_wire(wire) == record
 
 
 @pytest.mark.parametrize("decoder, record, wrong", [(Request.from_wire, REQUEST, WRONG_REQUEST),

@@ -103,9 +103,11 @@ class Request(NamedTuple):
     fast = classmethod(_tuple_new)
 
     def to_wire(self) -> tuple:
-        """The request as a tuple of primitives, for the control codec (:mod:`horovod.common.wire`)."""
-        return (self.name, int(self.op), self.dtype, self.shape, int(self.reduce_op), float(self.prescale),
+        """The request as a tuple of primitives, for the control codec (:mod:`horovod.common.wire`). A host
+        tensor's request leaves its device out: the common case costs no byte more than before devices existed."""
+        wire = (self.name, int(self.op), self.dtype, self.shape, int(self.reduce_op), float(self.prescale),
                 float(self.postscale), int(self.root_rank), self.splits, int(self.group), self.payload, self.device)
+        return wire[:-1] if self.device == CPU_DEVICE else wire
 
     @staticmethod
     def from_wire(data) -> "Request":
@@ -116,6 +118,8 @@ class Request(NamedTuple):
         """
         # One expression for the common case (rank 0 decodes every uncached request of a step); the table
         # (_REQUEST_FIELDS) names what is wrong, and tests keep the two alike.
+        if type(data) is tuple and len(data) == 11:
+            data += (CPU_DEVICE,)
         if type(data) is tuple and len(data) == 12:
             name, op, dtype, shape, reduce_op, prescale, postscale, root_rank, splits, group, payload, device = data
             if (type(name) is str and type(op) is int and op in _OP_TYPES and type(dtype) is str
@@ -151,10 +155,12 @@ class Response(NamedTuple):
     device: str = CPU_DEVICE     # the kind of device every rank's tensors live on ("cpu", "cuda"): which data plane
 
     def to_wire(self) -> tuple:
-        """The response as a tuple of primitives, for the control codec (:mod:`horovod.common.wire`)."""
-        return (int(self.op), self.names, self.dtype, self.shapes, int(self.reduce_op), float(self.prescale),
+        """The response as a tuple of primitives, for the control codec (:mod:`horovod.common.wire`); a host
+        response leaves its device out, as a request does."""
+        wire = (int(self.op), self.names, self.dtype, self.shapes, int(self.reduce_op), float(self.prescale),
                 float(self.postscale), int(self.root_rank), self.sizes, self.error, int(self.last_joined),
                 self.payload, self.device)
+        return wire[:-1] if self.device == CPU_DEVICE else wire
 
     @staticmethod
     def from_wire(data) -> "Response":
@@ -164,6 +170,8 @@ class Response(NamedTuple):
             ValueError: the tuple is malformed; the message names the first wrong field.
         """
         # As Request.from_wire: one expression for the common case, the table (_RESPONSE_FIELDS) to name what is wrong.
+        if type(data) is tuple and len(data) == 12:
+            data += (CPU_DEVICE,)
         if type(data) is tuple and len(data) == 13:
             op, names, dtype, shapes, reduce_op, prescale, postscale, root_rank, sizes, error, last_joined, payload, \
                 device = data
