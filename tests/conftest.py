@@ -1,9 +1,10 @@
-"""Registers the three test tiers' markers and fixtures (see horovod.testing.fixtures), and sets the pytest
-process's garbage collector for a heap that holds TensorFlow, PyTorch and JAX at once."""
+"""Registers the three test tiers' markers and fixtures (see horovod.testing.fixtures) and the skip report
+(horovod.testing.skips, on with --strict-skips as in `make test`), and sets the pytest process's garbage collector
+for a heap that holds TensorFlow, PyTorch and JAX at once."""
 
 import gc
 
-pytest_plugins = ["horovod.testing.fixtures"]
+pytest_plugins = ["horovod.testing.fixtures", "horovod.testing.skips"]
 
 # With the frameworks loaded the heap holds millions of objects, and CPython's default thresholds (a young
 # collection every 700 allocations, a full one soon after) rescan them again and again while modules import and
