@@ -142,6 +142,22 @@ def test_diagnosis_prefers_the_rank_that_raised_over_earlier_consequences():
 
 
 @pytest.mark.unit
+def test_when_two_ranks_raise_the_earliest_raise_is_the_root_cause():
+    # rank 1 raised first (9.0) but lingered; rank 0 raised its own error later (9.4) and exited first, rank 2 failed
+    # as a consequence. Neither the first exit nor the latest raise is the cause: the earliest raise is.
+    result = JobResult((_exit(0, 1, 9.5), _exit(2, 1, 9.6), _exit(1, 1, 12.0)), first_failure=_exit(0, 1, 9.5))
+    records = [FailureRecord(2, 9.2, "HorovodInternalError", "rank 1 failed", consequence=True),
+               FailureRecord(0, 9.4, "ValueError", "bad batch", "Traceback...\nValueError: bad batch\n"),
+               FailureRecord(1, 9.0, "KeyError", "'x'", "Traceback...\nKeyError: 'x'\n")]
+    verdict = diagnose(result, records)
+    assert (verdict.rank, verdict.kind) == (1, "raised")
+    text = summary(result, records)
+    assert [line for line in text.splitlines() if line.startswith("Root cause")] == \
+        ["Root cause, rank 1:", "Root cause: rank 1 on h raised KeyError: 'x'."], text
+    assert "rank 0 failed too: ValueError: bad batch" in text and "rank 2 failed as a consequence" in text
+
+
+@pytest.mark.unit
 def test_diagnosis_of_a_rank_that_finished_while_others_waited():
     result = JobResult((_exit(0, 1, 10.0), _exit(1, 0, 4.0)), first_failure=_exit(0, 1, 10.0))
     records = [FailureRecord(0, 9.9, "HorovodInternalError", "shut down", consequence=True,
@@ -222,6 +238,34 @@ def test_summary_names_the_rank_that_raised_even_when_a_survivor_exits_first(tmp
     assert summary_text.index("KeyError: 'missing'") < summary_text.index("Horovod detected")
     assert "Process name: 1\n" in summary_text and "Root cause: rank 1 on localhost raised KeyError" in summary_text
     assert "rank 0 failed as a consequence (waiting for allreduce.grad_w)" in summary_text
+
+
+TWO_RAISE = textwrap.dedent("""
+    import atexit, os, time
+    import horovod.numpy as hvd
+    if os.environ["HOROVOD_RANK"] == "1":
+        atexit.register(time.sleep, 3)  # registered first, runs last: rank 1 exits well after rank 0
+    hvd.init()
+    if hvd.rank() == 1:
+        atexit.register(open, "raised.1", "w")  # runs first at exit: after the hook has recorded the KeyError
+        {}["first"]
+    deadline = time.monotonic() + 30
+    while not os.path.exists("raised.1") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    raise ValueError("second")
+""")
+
+
+@pytest.mark.cli
+def test_when_two_ranks_raise_horovodrun_blames_the_earliest_not_the_first_to_exit(tmp_path):
+    (tmp_path / "job.py").write_text(TWO_RAISE)
+    result = run_horovodrun(["-np", "2", PY, "job.py"], timeout=60, cwd=str(tmp_path))
+    assert result.returncode == 1
+    err = result.stderr
+    assert "Process 0 exit with status code 1." in err, err[-3000:]  # rank 0, the later raise, exited first
+    assert [line for line in err.splitlines() if line.startswith("Root cause")] == \
+        ["Root cause, rank 1:", "Root cause: rank 1 on localhost raised KeyError: 'first'."], err[-3000:]
+    assert "rank 0 failed too: ValueError: second" in err, err[-3000:]
 
 
 @pytest.mark.cli
