@@ -148,7 +148,8 @@ def test_different_collective_sequences_fail_on_every_rank(world):
         assert error is not None and "Deadlock" in error, (rank, error)
         assert "rank 0 waits for allreduce.noname.1" in error, (rank, error)
         assert all(f"rank {r} waits for allgather.noname.0" in error for r in range(1, world)), (rank, error)
-        assert waited < 30 and after == [float(world)], (rank, waited, after)
+        # Half the stall time (2 s): 2.0-2.6 s measured here on two cores, beside two busy processes too.
+        assert 1.9 < waited < 8 and after == [float(world)], (rank, waited, after)
         # Each rank's error carries its own threads' stacks: its caller blocked in the collective among them.
         assert "Stacks of this rank's process" in error and "_different_sequences" in error, (rank, error[-2000:])
 

@@ -195,7 +195,7 @@ def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path, transport_env):
     for rank in (0, 2):
         assert "ERROR after" in outputs[rank], outputs[rank]
         seconds = float(outputs[rank].split("ERROR after ")[1].split("s:")[0])
-        assert seconds < 10, outputs[rank]
+        assert seconds < 2, outputs[rank]     # at most 0.1 s measured (run alone); the liveness bound is 10 s
 
 
 def _timeline(path):
@@ -323,5 +323,5 @@ def test_a_peer_dying_inside_a_shared_memory_collective_fails_the_others_fast(tm
     for rank in [r for r in range(size) if r != 1]:
         assert "ERROR after" in outputs[rank], outputs[rank]
         seconds = float(outputs[rank].split("ERROR after ")[1].split("s:")[0])
-        assert seconds < 5, outputs[rank]
+        assert seconds < 3, outputs[rank]     # at most 0.1 s measured, beside two busy processes too
         assert "rank 1" in outputs[rank], outputs[rank]

@@ -38,7 +38,11 @@ PHASES = ["init", "step", "reset", "two", "step"]
 TRIALS = 20
 EPOCHS = 3
 N = 24
-RECOVERIES = {}
+RECOVERIES = {}     # trial -> kill to the next committed step in seconds (None: no step was left to commit)
+STARTED = set()     # the trials begun in this process
+# The slowest recovery a trial may take: about 0.1 s, 1.1 s where a reset's second kill waits for the next round
+# (2-core VM); a worker waiting out a timeout (liveness 10 s, start 20 s) instead would take far longer.
+RECOVERY_BOUND = 4.0
 
 
 def _wait(predicate, run, timeout, what):
@@ -102,6 +106,7 @@ def _check_epochs(run, epochs):
 
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_chaos_trial(tmp_path, trial):
+    STARTED.add(trial)
     rng = random.Random(19_000 + trial)
     phase = PHASES[trial % len(PHASES)]
     run = ElasticRun(tmp_path, HOSTS, ["-np", "3", "--min-np", "1"],
@@ -148,15 +153,24 @@ def test_a_worker_lost_while_the_first_round_connects_leads_to_a_new_round(tmp_p
         _check_epochs(run, 1)
         assert "round 2:" in run.log(), run.log()
         print(f"a worker killed while round 1 connected: the job finished {took:.1f} s later")
-        assert took < 15, f"{took:.1f} s: the survivors waited for their start timeout (20 s)"
+        # About 1.5 s (2-core VM); the survivors waiting for their start timeout would take 20 s.
+        assert took < 6, f"{took:.1f} s: the survivors waited for their start timeout (20 s)?"
     finally:
         run.close()
 
 
-def test_chaos_summary():
+def test_chaos_summary(request):
+    """What it prints, asserted: every trial this process ran recovered, all of those selected (make test runs the
+    module on one xdist worker: group "chaos"), and each kill was followed by a committed step within the bound."""
+    if not STARTED:
+        pytest.skip("no chaos trial ran in this process")
+    selected = sum(1 for item in request.session.items if getattr(item, "originalname", "") == "test_chaos_trial")
     measured = [r for r in RECOVERIES.values() if r is not None]
-    if len(RECOVERIES) < TRIALS:
-        pytest.skip("the trials did not all run in this session")
-    print(f"chaos: {len(RECOVERIES)}/{TRIALS} trials recovered; kill -> next committed step: median "
-          f"{statistics.median(measured):.2f} s, max {max(measured):.2f} s over {len(measured)} trials that had "
-          f"steps left")
+    print(f"chaos: {len(RECOVERIES)}/{len(STARTED)} trials recovered ({selected} selected of {TRIALS}); kill -> next "
+          f"committed step: median {statistics.median(measured) if measured else float('nan'):.2f} s, max "
+          f"{max(measured, default=float('nan')):.2f} s over {len(measured)} trials that had steps left")
+    assert sorted(RECOVERIES) == sorted(STARTED), f"trials {sorted(STARTED - set(RECOVERIES))} did not recover"
+    assert len(STARTED) == selected, f"only {len(STARTED)} of the {selected} selected trials ran in this process"
+    # A kill comes at most 0.4 s into training (3 epochs at 0.05 s a step): nearly every trial has steps left.
+    assert len(measured) >= len(RECOVERIES) - 2, f"only {len(measured)} trials had a step to commit after the kill"
+    assert max(measured, default=0.0) < RECOVERY_BOUND, f"a recovery took {max(measured):.2f} s: {RECOVERIES}"

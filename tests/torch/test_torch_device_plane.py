@@ -182,7 +182,7 @@ def test_a_rank_dying_inside_the_plane_fails_the_survivors_fast(tmp_path):
         found = [line for line in outputs[rank].splitlines() if line.startswith("ERROR after")]
         assert found, outputs[rank]
         seconds = float(found[0].split()[2].rstrip("s:"))
-        assert seconds < 12.0 and "rank 2" in found[0], found[0]
+        assert seconds < 3.0 and "rank 2" in found[0], found[0]   # 0.1-0.3 s measured; the liveness bound is 10 s
 
 
 # -- an elastic reset makes new communicators for the new world -------------------------------------------------------
