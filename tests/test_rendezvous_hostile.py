@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from horovod.common import rendezvous_client, rendezvous_server
+from horovod.common import rendezvous_admission, rendezvous_client
 from horovod.common.exceptions import RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient, make_secret, signed_headers
 from horovod.common.rendezvous_server import RendezvousServer
@@ -55,7 +55,7 @@ def test_an_unauthenticated_body_is_never_read(server):
 
 
 def test_silent_and_trickling_clients_are_cut_off_and_crowds_refused(server, monkeypatch):
-    monkeypatch.setattr(rendezvous_server, "REQUEST_SECONDS", 1.0)
+    monkeypatch.setattr(rendezvous_admission, "REQUEST_SECONDS", 1.0)     # where connections are admitted
     silent = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     trickle = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     try:

@@ -26,7 +26,11 @@ without a thread, until a change to the store answers it or its wait runs out. S
 (line, headers, body) must arrive within :data:`REQUEST_SECONDS` in all, and at most :data:`MAX_UNAUTHENTICATED`
 connections that connected over a second ago may be waiting to authenticate at once: past that the *oldest* is
 closed, not the newcomer, so a crowd holding connections delays a real client by nothing, and a thousand workers
-connecting in the same second are all heard.
+connecting in the same second are all heard. Descriptors are bounded too (:mod:`horovod.common.descriptors`): the
+store raises its soft limit to the hard one, holds at most the limit less a reserve for the rest of its process,
+and when it is full, or ``accept`` fails for want of descriptors, the oldest stranger is closed whatever its age;
+with none to close the listener rests for a moment instead of spinning, and :attr:`RendezvousServer.exhausted`
+says what could not be done and how to raise the limit.
 """
 
 from __future__ import annotations
@@ -42,22 +46,20 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from horovod.common.descriptors import raise_descriptor_limit, reserve
 from horovod.common.kvstore import KVStore
+from horovod.common.rendezvous_admission import MAX_UNAUTHENTICATED, REQUEST_SECONDS, Admission, Conn
 from horovod.common.rendezvous_client import MAX_CLOCK_SKEW, MAX_VALUE_BYTES, MAX_WAIT_SECONDS, pack_items, sign_digest
 from horovod.common.rendezvous_client import NAME_PATTERN as _NAME
 
 __all__ = ["KVStore", "RendezvousServer", "REQUEST_SECONDS", "MAX_UNAUTHENTICATED"]
 
-REQUEST_SECONDS = 10.0          # a request's line, headers and body arrive within this, however slowly
-MAX_UNAUTHENTICATED = 128       # connections waiting to authenticate at once; past it the oldest is closed
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_LINE_BYTES = 8 * 1024
 _REQUEST_LINE = re.compile(rb"^[A-Z]{1,16} /[!-~]* HTTP/1\.[01]\r$")
 _METHOD_SO_FAR = re.compile(rb"^(?:[A-Z]{1,16} |[A-Z]{0,16}$)")      # what a request's first bytes can be
-_GRACE_SECONDS = 1.0            # a connection this young is not yet a stranger holding a slot
-_HARD_CAP = 8192                # connections authenticating at once, however young
 
 
 def _number(query: Dict[str, List[str]], name: str) -> float:
@@ -67,20 +69,7 @@ def _number(query: Dict[str, List[str]], name: str) -> float:
         return math.nan
 
 
-class _Conn:
-    """One client connection: its bytes so far, its deadline, and (once parsed) its request."""
-
-    __slots__ = ("sock", "inbox", "outbox", "deadline", "head", "length", "waiting")
-
-    def __init__(self, sock: socket.socket, deadline: float):
-        self.sock, self.deadline = sock, deadline
-        self.inbox, self.outbox = bytearray(), bytearray()
-        self.head: Optional[Tuple[str, str, Dict[str, str]]] = None    # method, path, headers (lower-case)
-        self.length = 0
-        self.waiting: Optional[Tuple[float, Callable[[], Optional[Tuple[int, bytes]]]]] = None
-
-
-class _Loop:
+class _Loop(Admission):
     """The server's thread: accept, read, authenticate, answer or park, write, close (one request a connection)."""
 
     def __init__(self, listener: socket.socket, secret: bytes, store: KVStore):
@@ -91,9 +80,13 @@ class _Loop:
             sock.setblocking(False)
         self.selector.register(listener, selectors.EVENT_READ, None)
         self.selector.register(self.wake_r, selectors.EVENT_READ, None)
-        self.unauthenticated: "collections.OrderedDict[_Conn, None]" = collections.OrderedDict()
-        self.parked: Dict[_Conn, None] = {}
+        self.unauthenticated: "collections.OrderedDict[Conn, None]" = collections.OrderedDict()
+        self.parked: Dict[Conn, None] = {}
         self.stopped = False
+        soft = raise_descriptor_limit()
+        self.budget = max(16, soft - reserve(soft))     # connections the loop holds at most (selector's included)
+        self.resume_at: Optional[float] = None          # listening again then, after running out of descriptors
+        self.exhausted: Optional[str] = None            # what running out of descriptors stopped, once it did
         store.on_change(self.wake)
 
     def wake(self) -> None:
@@ -105,6 +98,7 @@ class _Loop:
     def run(self) -> None:
         while not self.stopped:
             deadlines = [c.deadline for c in self.unauthenticated] + [c.waiting[0] for c in self.parked]
+            deadlines += [self.resume_at] if self.resume_at is not None else []
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             for key, events in self.selector.select(timeout):
                 if key.fileobj is self.listener:
@@ -118,17 +112,18 @@ class _Loop:
                 else:
                     self._serve(key.data, events)
             self._answer_parked()
+            self._resume()
             now = time.monotonic()
             for conn in [c for c in self.unauthenticated if c.deadline <= now]:
                 self._close(conn)       # silent or trickling: cut off at the request deadline
         for key in list(self.selector.get_map().values()):
-            if isinstance(key.data, _Conn):
+            if isinstance(key.data, Conn):
                 self._close(key.data)
         self.selector.close()
         self.wake_r.close()
         self.wake_w.close()
 
-    def _serve(self, conn: _Conn, events: int) -> None:
+    def _serve(self, conn: Conn, events: int) -> None:
         """Move one connection on; whatever a client sends, it may cost its own connection, never the loop."""
         try:
             if events & selectors.EVENT_WRITE:
@@ -138,29 +133,7 @@ class _Loop:
         except Exception:  # a request no rule foresaw: drop it, serve the others
             self._close(conn)
 
-    def _accept(self) -> None:
-        for _ in range(256):
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            sock.setblocking(False)
-            now = time.monotonic()
-            if len(self.unauthenticated) >= MAX_UNAUTHENTICATED:
-                oldest = next(iter(self.unauthenticated))
-                # The oldest stranger goes, not the newcomer; one that connected within the last second may be a
-                # worker of a crowd registering at once, whose request is on its way: then the cap waits.
-                if oldest.deadline - REQUEST_SECONDS <= now - _GRACE_SECONDS \
-                        or len(self.unauthenticated) >= _HARD_CAP:
-                    self._close(oldest)
-            conn = _Conn(sock, now + REQUEST_SECONDS)
-            self.unauthenticated[conn] = None
-            self.selector.register(sock, selectors.EVENT_READ, conn)
-            self._serve(conn, selectors.EVENT_READ)    # a worker's whole request is usually here already
-
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: Conn) -> None:
         self.unauthenticated.pop(conn, None)
         self.parked.pop(conn, None)
         try:
@@ -169,7 +142,7 @@ class _Loop:
             pass
         conn.sock.close()
 
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: Conn) -> None:
         try:
             chunk = conn.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -197,7 +170,7 @@ class _Loop:
         if len(conn.inbox) >= conn.length:
             self._dispatch(conn, bytes(conn.inbox[:conn.length]))
 
-    def _parse_head(self, conn: _Conn, text: str) -> bool:
+    def _parse_head(self, conn: Conn, text: str) -> bool:
         """Parse and authenticate the request line and headers; replies and returns False when refused."""
         lines = text.split("\r\n")
         words = lines[0].split(" ")
@@ -240,7 +213,7 @@ class _Loop:
         conn.head, conn.length = (method, path, headers), length
         return True
 
-    def _dispatch(self, conn: _Conn, body: bytes) -> None:
+    def _dispatch(self, conn: Conn, body: bytes) -> None:
         method, path, headers = conn.head
         if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(),
                                    headers.get("x-horovod-body-digest", "").encode("latin-1")):
@@ -299,7 +272,7 @@ class _Loop:
                 del self.parked[conn]
                 self._reply(conn, *(reply or (404, b"")))
 
-    def _reply(self, conn: _Conn, code: int, body: bytes = b"", headers: Optional[Dict[str, str]] = None) -> None:
+    def _reply(self, conn: Conn, code: int, body: bytes = b"", headers: Optional[Dict[str, str]] = None) -> None:
         """Answer and close after the last byte (one request a connection; a refused body is never read)."""
         self.unauthenticated.pop(conn, None)
         conn.waiting = conn.waiting or (math.inf, lambda: None)     # reads from now on are ignored
@@ -310,7 +283,7 @@ class _Loop:
         self.selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
         self._write(conn)
 
-    def _write(self, conn: _Conn) -> None:
+    def _write(self, conn: Conn) -> None:
         try:
             sent = conn.sock.send(conn.outbox)
         except (BlockingIOError, InterruptedError):
@@ -353,6 +326,11 @@ class RendezvousServer:
         """The port the server listens on (after :meth:`start`)."""
         assert self._listener is not None, "server not started"
         return self._listener.getsockname()[1]
+
+    @property
+    def exhausted(self) -> Optional[str]:
+        """Why the store could not take a connection for want of descriptors, or None while it never ran out."""
+        return self._loop.exhausted if self._loop is not None else None
 
     def stop(self) -> None:
         """Stop serving and close the listening socket; a server never started is fine."""

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
+from horovod.common.descriptors import raise_descriptor_limit
 from horovod.common.liveness import probe_interval
 from horovod.transport.base import DescriptorLimitError
 from horovod.transport.reactor import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES, VERDICT_KEEP, Reactor
@@ -94,20 +95,6 @@ def hold_open(sock: socket.socket, seconds: float) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
         except OSError:
             pass
-
-
-def raise_descriptor_limit() -> int:
-    """Raise this process's open-file limit to its hard limit (a rank holds a socket per peer it talks to); returns
-    the limit in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard or hard == resource.RLIM_INFINITY and soft < 1 << 20:
-        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return target
-        except (OSError, ValueError):
-            pass
-    return soft
 
 
 class MeshSetup:

@@ -227,6 +227,10 @@ class Reactor(threading.Thread):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._pending:
+                    # Out of descriptors while strangers hold handshakes: the oldest goes, and we accept again.
+                    self._drop(next(iter(self._pending.values())))
+                    continue
                 if exc.errno in (errno.EMFILE, errno.ENFILE):
                     # Out of descriptors: the peer dialling us would wait in the backlog until its timeout. Fail
                     # now, saying why, so that every rank learns of it at once.
