@@ -21,6 +21,7 @@ up after the transport's timeout. Before the segments are first mapped, barriers
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import logging
@@ -288,16 +289,7 @@ class ShmSegments:
         size = capacity + _HEADER
         self._generation += 1
         own = self._path(self.index, self._generation)
-        try:
-            fd = os.open(own, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            try:
-                os.ftruncate(fd, size)
-                mine = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise HorovodInternalError(f"cannot create shared memory segment {own} of {capacity} bytes: {exc}. "
-                                       f"Set HOROVOD_SHM_DISABLE=1 to use TCP between local ranks") from None
+        mine = _create_segment(own, size)
         try:
             self.barrier()                      # every segment exists
             maps: List[mmap.mmap] = []
@@ -348,3 +340,48 @@ class ShmSegments:
                     pass      # a result still views it; the mapping goes when that array does
         self._maps = [None] * len(self.ranks)
         self.capacity = 0
+
+
+def _create_segment(path: str, size: int) -> mmap.mmap:
+    """Create, reserve and map one segment of ``size`` bytes at ``path``.
+
+    The memory is reserved up front (``posix_fallocate``): sized with ``ftruncate`` alone, a tmpfs finds its pages
+    missing only when they are first touched, so a ``/dev/shm`` that another user has filled killed a rank with
+    SIGBUS in the middle of a collective. Reserved, a full ``/dev/shm`` is this error, naming the directory, the
+    bytes needed and ``HOROVOD_SHM_DISABLE``.
+    """
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        raise HorovodInternalError(f"cannot create shared memory segment {path} of {size} bytes: {exc}. "
+                                   f"Set HOROVOD_SHM_DISABLE=1 to use TCP between local ranks") from None
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                raise
+            raise HorovodInternalError(
+                f"{os.path.dirname(path)} is full: cannot reserve the {size} bytes of shared memory segment {path} "
+                f"({_free_bytes(path)} bytes free there): free space in {os.path.dirname(path)}, or set "
+                f"HOROVOD_SHM_DISABLE=1 to use TCP between local ranks") from None
+        return mmap.mmap(fd, size)
+    except BaseException as exc:
+        try:
+            os.unlink(path)         # a segment never handed out: nobody else will unlink it
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise HorovodInternalError(f"cannot create shared memory segment {path} of {size} bytes: {exc}. "
+                                       f"Set HOROVOD_SHM_DISABLE=1 to use TCP between local ranks") from None
+        raise
+    finally:
+        os.close(fd)
+
+
+def _free_bytes(path: str) -> int:
+    try:
+        stat = os.statvfs(os.path.dirname(path))
+    except OSError:
+        return -1
+    return stat.f_bavail * stat.f_frsize
