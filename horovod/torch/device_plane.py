@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -56,6 +57,18 @@ def _scale(buf: torch.Tensor, factor: float) -> None:
         buf.mul_(factor)
     else:
         buf.copy_(torch.trunc(buf.to(torch.float64) * factor))
+
+
+def _name_the_lost(ranks: Sequence[int], check, seconds: float = 2.0) -> None:
+    """After the communicator failed: raise the engine's liveness error naming the rank that was lost, if one was.
+    The communicator can see a peer's connection reset before this rank's own connection to it shows the end, so
+    the check is repeated for up to ``seconds`` (the kernel closes both at once; a slice of a second is the norm)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        check(ranks)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 def _wait_then_set(work, done: threading.Event) -> None:
@@ -137,7 +150,7 @@ class TorchDevicePlane:
             raise
         except Exception as exc:
             self.close(abort=True)
-            check(ranks)        # names the rank that was lost, if one was
+            _name_the_lost(ranks, check)
             raise HorovodInternalError(f"the {self.name} device plane failed in {what}: {exc}") from None
 
     # -- collectives ------------------------------------------------------------------------------------------------
@@ -262,7 +275,7 @@ class TorchDevicePlane:
 
     def _alltoall(self, response, entries, group, ranks, index, activity):
         name = response.names[0]
-        source = _tensor(entries[name].array).reshape(response.shapes[0])
+        source = _tensor(entries[name].array).reshape(entries[name].array.shape)     # (rows differ by rank)
         matrix = response.sizes
         received = [matrix[i][index] for i in range(len(ranks))]
         out = torch.empty((sum(received),) + tuple(source.shape[1:]), dtype=source.dtype, device=source.device)
