@@ -454,12 +454,13 @@ def test_torchrun_forms_one_job_of_world_size_ranks(tmp_path):
 
 
 @pytest.mark.unit
-def test_docs_say_what_runs_on_cpu_how_to_view_a_timeline_and_link_nothing_outside():
+def test_docs_say_what_runs_on_cpu_and_gpu_how_to_view_a_timeline_and_link_nothing_outside():
     docs = {name: open(os.path.join(ROOT, "docs", name), encoding="utf-8").read()
             for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md")}
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     migrating = docs["migrating.md"]
     assert "chrome://tracing" in migrating and "Perfetto" in migrating
-    assert ".cuda()" in readme and "CPU" in readme and ".cuda()" in migrating
+    assert "CPU" in readme and "NCCL" in readme and "docs/gpu.md" in readme and "docs/gpu.md" in migrating
+    assert ".cuda()" in docs["gpu.md"] and "torch.cuda.set_device(hvd.local_rank())" in docs["gpu.md"]
     for name, text in {**docs, "README.md": readme}.items():
         assert "http://" not in text and "https://" not in text, name
