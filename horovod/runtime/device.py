@@ -73,9 +73,12 @@ def is_device(array: Any) -> bool:
     return type(array) is DeviceTensor
 
 
-# The ops the device plane runs; Adasum's composition lives on the CPU data plane only.
 def _plane_runs(plane: Optional[DevicePlane], tensor: DeviceTensor, reduce_op: Optional[int]) -> bool:
-    return plane is not None and tensor.kind in plane.kinds and reduce_op != ReduceOp.ADASUM
+    """Whether the plane takes ``tensor``: a kind it carries, a tensor it can read (the plane takes tensors
+    through DLPack; one whose framework exports none is staged), and an op it runs (Adasum's composition lives on
+    the CPU data plane only)."""
+    return (plane is not None and tensor.kind in plane.kinds and reduce_op != ReduceOp.ADASUM
+            and hasattr(tensor.data, "__dlpack__"))
 
 
 def route(plane: Optional[DevicePlane], tensor: DeviceTensor, output: Optional[DeviceTensor] = None,
