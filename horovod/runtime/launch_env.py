@@ -10,8 +10,10 @@ there is no agent store; under ``mpirun``/``srun`` with mpi4py installed, one ag
 (:mod:`horovod.runtime.mpi_bootstrap`). Through it every rank publishes its node, and each derives its local and
 cross ranks from that table, so they hold for any placement (block, cyclic, uneven) and agree on every rank.
 
-Trust: a rendezvous agreed on over MPI or through torchrun's store gets a fresh random secret. With
-``HOROVOD_SECRET_KEY`` set (the same hex on every rank) a configured one is closed to anyone without it; without it,
+Trust: an exported ``HOROVOD_SECRET_KEY`` (the same hex on every rank) is the job's secret on every path, and is
+never sent anywhere. Without it, a rendezvous agreed on over MPI gets a fresh random secret sent over MPI, and one
+agreed on through torchrun's agent store a fresh secret published there (which anyone who can reach that store may
+read: rank 0 warns once, :mod:`horovod.runtime.torchrun`); for a configured one,
 the key is derived from the job's id and the rendezvous address: that keeps two jobs from mixing by accident but
 does not keep out someone who can reach the port and guess the id; rank 0 warns once (docs/cluster.md).
 """
@@ -140,11 +142,13 @@ def _rendezvous(cfg, env: Mapping[str, str], slot: ExternalSlot) -> Tuple[str, i
     if slot.starter == torchrun.STARTER and torchrun.uses_agent_store(env):
         master = (env["MASTER_ADDR"], env_int(env, "MASTER_PORT"))
         return torchrun.meet(slot.rank, slot.size, slot.job_id, master, cfg.start_timeout,
-                             lambda secret: (master[0], _serve_fresh(secret)))
+                             lambda secret: (master[0], _serve_fresh(secret)),
+                             secret_from_hex(cfg.secret_key) if cfg.secret_key else None)
     if "MASTER_ADDR" in env and "MASTER_PORT" in env and slot.starter in (torchrun.STARTER, TORCH_STYLE):
         return _configured(cfg, slot, env["MASTER_ADDR"], env_int(env, "MASTER_PORT"))
     if slot.starter in MPI_STARTERS and mpi_bootstrap.available():
-        return mpi_bootstrap.meet(mpi_bootstrap.world_communicator(), _serve_fresh)
+        return mpi_bootstrap.meet(mpi_bootstrap.world_communicator(), _serve_fresh,
+                                  secret=secret_from_hex(cfg.secret_key) if cfg.secret_key else None)
     raise HorovodConfigError(
         f"rank {slot.rank} of {slot.size} was started by {slot.starter} without horovodrun; install mpi4py (the "
         f"ranks then meet over MPI), or set HOROVOD_RENDEZVOUS_ADDR (the host of rank 0) and HOROVOD_RENDEZVOUS_PORT "
@@ -175,7 +179,8 @@ def resolve_communicator(cfg, comm) -> Topology:
     node = socket.gethostname()
     if slot.size == 1:
         return Topology(0, 1, 0, 1, 0, 1, node, scope=cfg.rendezvous_scope)
-    addr, port, secret = mpi_bootstrap.meet(comm, _serve_fresh)
+    addr, port, secret = mpi_bootstrap.meet(comm, _serve_fresh,
+                                            secret=secret_from_hex(cfg.secret_key) if cfg.secret_key else None)
     return _place(cfg, slot, node, addr, port, secret)
 
 

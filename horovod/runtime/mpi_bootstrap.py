@@ -60,13 +60,15 @@ def choose_address(candidates: Sequence[str], reachable_by_rank: Sequence[Sequen
     return None
 
 
-def meet(comm, serve: Callable[[bytes], int], timeout: float = _PROBE_SECONDS) -> Tuple[str, int, bytes]:
+def meet(comm, serve: Callable[[bytes], int], timeout: float = _PROBE_SECONDS,
+         secret: Optional[bytes] = None) -> Tuple[str, int, bytes]:
     """Agree on the job's rendezvous over ``comm``; every rank of ``comm`` must call this.
 
     Args:
         comm: the mpi4py communicator whose ranks form the job.
         serve: called on rank 0 with the fresh secret; starts the rendezvous on all interfaces, returns its port.
         timeout: seconds each address probe may take.
+        secret: the exported ``HOROVOD_SECRET_KEY`` (the same on every rank): used, and never sent over MPI.
 
     Returns:
         ``(addr, port, secret)``.
@@ -76,8 +78,8 @@ def meet(comm, serve: Callable[[bytes], int], timeout: float = _PROBE_SECONDS) -
     """
     offer = None
     if comm.Get_rank() == 0:
-        secret = make_secret()
-        offer = (local_ipv4_addresses(), serve(secret), secret_to_hex(secret))
+        chosen = secret if secret is not None else make_secret()
+        offer = (local_ipv4_addresses(), serve(chosen), None if secret is not None else secret_to_hex(chosen))
     candidates, port, secret_hex = comm.bcast(offer, root=0)
     reached = comm.allgather([accepts(a, port, timeout) for a in candidates])
     address = choose_address(candidates, reached)
@@ -85,4 +87,4 @@ def meet(comm, serve: Callable[[bytes], int], timeout: float = _PROBE_SECONDS) -
         raise HorovodInternalError(f"rank {comm.Get_rank()} of {comm.Get_size()} (mpi4py): no address of rank 0 "
                                    f"({', '.join(candidates)}, port {port}) is reachable from every rank; set "
                                    f"HOROVOD_RENDEZVOUS_ADDR/PORT, or open the port")
-    return address, port, secret_from_hex(secret_hex)
+    return address, port, secret if secret is not None else secret_from_hex(secret_hex)

@@ -2,9 +2,14 @@
 
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` and, since torch 2.x,
 ``TORCHELASTIC_USE_AGENT_STORE=True``: the agent itself then serves a ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``,
-so that port is taken. Rank 0 serves this job's rendezvous on a free port of its host, with a fresh secret, and
-writes where and the secret into the agent's store; the other ranks read them from there. Everything the agent's
-store holds is reachable by whoever can reach it: the secret is as well kept as torch's own rendezvous.
+so that port is taken. Rank 0 serves this job's rendezvous on a free port of its host and writes where into the
+agent's store; the other ranks read it from there.
+
+The agent's store has no authentication and listens on every interface: anyone who can reach it reads every key.
+So the secret never crosses it when the user exported ``HOROVOD_SECRET_KEY`` (the same on every rank): only the
+address does, and every rank signs with the exported key. Without one there is no private channel to share a
+secret over; rank 0 then makes a fresh one, publishes it with the address (as torch's own rendezvous is exposed)
+and says once what is exposed and how to close it.
 
 ``torch`` is imported only here, and only for such workers (``torchrun`` implies it is installed).
 """
@@ -12,15 +17,20 @@ store holds is reachable by whoever can reach it: the secret is as well kept as 
 from __future__ import annotations
 
 import datetime
-from typing import Callable, Tuple
+import sys
+from typing import Callable, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.rendezvous_client import make_secret, secret_from_hex, secret_to_hex
 from horovod.common.starters import TORCHRUN
 
-__all__ = ["STARTER", "uses_agent_store", "meet"]
+__all__ = ["STARTER", "EXPOSED", "uses_agent_store", "meet"]
 
 STARTER = TORCHRUN
+EXPOSED = ("horovod: HOROVOD_SECRET_KEY is not set: under torchrun the job's secret is published in torch's agent "
+           "store at {master}, which has no authentication: anyone who can reach that port can read it and join "
+           "the job. Export the same random HOROVOD_SECRET_KEY (hex, e.g. `openssl rand -hex 32`) to every rank to "
+           "keep the secret off the store.")
 
 
 def uses_agent_store(env) -> bool:
@@ -29,11 +39,12 @@ def uses_agent_store(env) -> bool:
 
 
 def meet(rank: int, size: int, job_id: str, master: Tuple[str, int], timeout: float,
-         serve: Callable[[bytes], Tuple[str, int]]) -> Tuple[str, int, bytes]:
+         serve: Callable[[bytes], Tuple[str, int]], secret: Optional[bytes] = None) -> Tuple[str, int, bytes]:
     """Agree on this job's rendezvous through the agent's store at ``master``.
 
     Rank 0 calls ``serve(secret)`` (which starts the rendezvous and returns ``(addr, port)``) and publishes the
-    result; the others wait for it up to ``timeout`` seconds.
+    result; the others wait for it up to ``timeout`` seconds. With ``secret`` (the exported ``HOROVOD_SECRET_KEY``,
+    the same on every rank) only the address is published; without it a fresh secret is, and rank 0 warns once.
 
     Returns:
         ``(addr, port, secret)`` of the job's rendezvous.
@@ -48,12 +59,17 @@ def meet(rank: int, size: int, job_id: str, master: Tuple[str, int], timeout: fl
         store = dist.TCPStore(master[0], master[1], size, is_master=False,
                               timeout=datetime.timedelta(seconds=max(1.0, timeout)))
         if rank == 0:
-            secret = make_secret()
-            addr, port = serve(secret)
-            store.set(key, f"{addr} {port} {secret_to_hex(secret)}")
-            return addr, port, secret
-        addr, port, secret_hex = store.get(key).decode().split()
-        return addr, int(port), secret_from_hex(secret_hex)
+            chosen = secret if secret is not None else make_secret()
+            addr, port = serve(chosen)
+            store.set(key, f"{addr} {port}" if secret is not None else f"{addr} {port} {secret_to_hex(chosen)}")
+            if secret is None:
+                print(EXPOSED.format(master=f"{master[0]}:{master[1]}"), file=sys.stderr, flush=True)
+            return addr, port, chosen
+        addr, port, *published = store.get(key).decode().split()
+        if secret is None and not published:
+            raise ValueError("rank 0 published no secret (it has HOROVOD_SECRET_KEY set): export the same "
+                             "HOROVOD_SECRET_KEY to every rank")
+        return addr, int(port), secret if secret is not None else secret_from_hex(published[0])
     except (RuntimeError, ValueError) as exc:  # torch reports store failures as RuntimeError (DistStoreError)
         raise HorovodInternalError(f"rank {rank} of {size} (torchrun): could not agree on the rendezvous through "
                                    f"the agent's store at {master[0]}:{master[1]} within {timeout:g} s: {exc}") \

@@ -1,0 +1,100 @@
+"""Under ``torchrun`` the job's secret stays off torch's agent store when the user exported one (issue 48, item 3).
+
+torch's agent store has no authentication and listens on every interface: before the fix rank 0 wrote the
+rendezvous address *and* the 64-hex secret there, and anyone who read the key could sign requests (200, every rank's
+address record), even with ``HOROVOD_SECRET_KEY`` exported. The test runs a 2-rank job under ``torchrun`` and, while
+it holds its rendezvous open, reads the agent store as an outsider would: a ``TCPStore`` client with no credentials
+(the store checks none, so which local user reads it makes no difference). With the key exported, nothing it reads
+signs a request the rendezvous accepts, and the exported key is not there; without it the job warns once.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from horovod.common.exceptions import RendezvousError
+from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARNING = "HOROVOD_SECRET_KEY is not set: under torchrun"
+
+JOB = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    here = sys.argv[1]
+    if hvd.rank() == 0:
+        with open(os.path.join(here, "ready.tmp"), "w") as f:
+            f.write(" ".join([os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], os.environ["TORCHELASTIC_RUN_ID"],
+                              os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")]))
+        os.rename(os.path.join(here, "ready.tmp"), os.path.join(here, "ready"))
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(here, "go")) and time.monotonic() < deadline:
+            time.sleep(0.01)      # the outsider reads the agent store while the job is up
+    total = hvd.allreduce(np.ones(1), op=hvd.Sum)
+    print("OK", hvd.rank(), float(total[0]), flush=True)
+    hvd.shutdown()
+""")
+
+
+def _read_agent_store(here):
+    """What an outsider reads in the agent store, and whether any 64-hex word in it signs an accepted request."""
+    import datetime
+    import torch.distributed as dist
+    deadline = time.monotonic() + 120
+    while not os.path.exists(here / "ready"):
+        assert time.monotonic() < deadline, "the job never came up"
+        time.sleep(0.02)
+    addr, port, run_id, restart = (here / "ready").read_text().split()
+    store = dist.TCPStore(addr, int(port), is_master=False, timeout=datetime.timedelta(seconds=20))
+    value = store.get(f"horovod/rendezvous/{run_id}.{restart}").decode()
+    rz_addr, rz_port, *rest = value.split()
+    accepted = []
+    for word in re.findall(r"\b[0-9a-f]{64}\b", value):
+        try:
+            RendezvousClient(rz_addr, int(rz_port), secret_from_hex(word), timeout=5).keys("job")
+            accepted.append(word)
+        except RendezvousError:
+            pass
+    return value, accepted
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("exported", [True, False], ids=["key-exported", "no-key"])
+def test_the_agent_store_never_holds_a_usable_secret_when_one_is_exported(tmp_path, exported):
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun is not installed")
+    (tmp_path / "job.py").write_text(JOB)
+    key = os.urandom(32).hex()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI_", "SLURM_"))},
+           "PYTHONPATH": ROOT}
+    if exported:
+        env["HOROVOD_SECRET_KEY"] = key
+    proc = subprocess.Popen([torchrun, "--nproc-per-node", "2", "job.py", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path), start_new_session=True)
+    try:
+        try:
+            value, accepted = _read_agent_store(tmp_path)
+        finally:
+            (tmp_path / "go").write_text("1")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait(10)
+    assert proc.returncode == 0, err[-3000:]
+    assert sorted(line for line in out.splitlines() if line.startswith("OK")) == ["OK 0 2.0", "OK 1 2.0"], out
+    print(f"exported={exported}: the agent store's key holds {value!r}; words that sign an accepted request: "
+          f"{len(accepted)}")
+    if exported:
+        assert accepted == [] and key not in value, value
+        assert WARNING not in err
+    else:
+        assert err.count(WARNING) == 1, err[-3000:]
