@@ -9,13 +9,13 @@ decided here too, so the eager and traced paths cannot disagree.
 from __future__ import annotations
 
 import itertools
-import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from horovod.jax._arrays import core_dtype, from_core, to_core
+from horovod.jax._job import job
 from horovod.runtime import collectives as _c
 from horovod.runtime.gradient_policy import check_reducescatter_op, check_scale_factors, or_global, set_rank, \
     set_size
@@ -219,17 +219,17 @@ def run_many(specs: Sequence[Spec], arrays: Sequence[np.ndarray]) -> List[np.nda
 
 # -- handles for asynchronous ops inside jax.jit --------------------------------------------------------------------
 
-_pending: Dict[int, Tuple[Spec, object]] = {}
+# Process-lifetime (docs/architecture.md): an id never repeats in a process (the parked handles are the job's).
 _pending_ids = itertools.count(1)
-_pending_lock = threading.Lock()
 
 
 def submit_pending(spec: Spec, arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Start the collective and park its handle; returns the handle's id as an int32 scalar."""
+    """Start the collective and park its handle in this job's state; returns the handle's id as an int32 scalar."""
     core = submit(spec, arrays)
-    with _pending_lock:
+    state = job()
+    with state.lock:
         handle_id = next(_pending_ids) & 0x7FFFFFFF
-        _pending[handle_id] = (spec, core)
+        state.pending[handle_id] = (spec, core)
     return np.int32(handle_id)
 
 
@@ -239,8 +239,9 @@ def wait_pending(handle_id) -> List[np.ndarray]:
     Raises:
         ValueError: the id names no pending collective (already synchronized).
     """
-    with _pending_lock:
-        entry = _pending.pop(int(handle_id), None)
+    state = job()
+    with state.lock:
+        entry = state.pending.pop(int(handle_id), None)
     if entry is None:
         raise ValueError(f"synchronize: handle {int(handle_id)} is not pending (synchronized twice?)")
     spec, core = entry

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
-import weakref
-from typing import Dict, Tuple
+from typing import Tuple
+
+from horovod.jax._job import job
 
 try:    # the current trace: public API offers no handle on it; without it, names are per site only
     from jax._src import core as _jax_core
@@ -23,7 +24,6 @@ except ImportError:  # pragma: no cover - a JAX that moved its internals
 _SKIP_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                    for m in (sys.modules["jax"], sys.modules["horovod"]) if getattr(m, "__file__", None))
 _SKIP_FILES = ("functools.py", "contextlib.py")
-_counts: "weakref.WeakKeyDictionary[object, Dict[str, int]]" = weakref.WeakKeyDictionary()
 
 
 def _current_trace():
@@ -67,7 +67,7 @@ def traced_name() -> str:
     trace = _current_trace()
     if trace is None:
         return f"jit.{site}"
-    counts = _counts.setdefault(_outermost_trace(trace), {})
+    counts = job().trace_counts.setdefault(_outermost_trace(trace), {})     # (the job's: see horovod.jax._job)
     k = counts.get(site, 0)
     counts[site] = k + 1
     return f"jit.{site}.{k}"

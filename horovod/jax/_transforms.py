@@ -25,23 +25,25 @@ from jax.experimental import io_callback
 
 from horovod.jax import _host
 from horovod.jax._arrays import flatten, is_tracer, unflatten
+from horovod.jax._job import job_if_initialized
 from horovod.jax._naming import traced_name, tracing
 from horovod.common.exceptions import HorovodError
 from horovod.runtime import collective_gradients as _grads
 
 _INT32 = np.dtype(np.int32)
-_last_error: List[BaseException] = []   # the latest Horovod error a host callback raised (JAX re-wraps it)
 
 
 def _recording(fn):
     """``fn`` for a host callback: a Horovod error it raises is remembered, since JAX hands the caller a
-    ``JaxRuntimeError`` instead (see :func:`horovod_error_behind`)."""
+    ``JaxRuntimeError`` instead (see :func:`horovod_error_behind`); the job's state keeps it."""
     @functools.wraps(fn)
     def call(*args):
         try:
             return fn(*args)
         except HorovodError as error:
-            _last_error[:] = [error]
+            state = job_if_initialized()
+            if state is not None:
+                state.last_error = error
             raise
     return call
 
@@ -49,7 +51,8 @@ def _recording(fn):
 def horovod_error_behind(error: BaseException) -> Optional[HorovodError]:
     """The Horovod error (``HorovodInternalError``, ``TensorMismatchError``...) that made a jitted call fail with
     ``error``, as a new exception of its type, or None when ``error`` came from elsewhere."""
-    cause = _last_error[0] if _last_error else None
+    state = job_if_initialized()
+    cause = None if state is None else state.last_error
     if cause is None or str(cause) not in str(error):
         return None
     return type(cause)(*cause.args)

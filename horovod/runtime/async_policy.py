@@ -26,7 +26,6 @@ everywhere). Counters are plain ints (:meth:`state_dict`), so an elastic commit 
 
 from __future__ import annotations
 
-import itertools
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -42,12 +41,6 @@ __all__ = ["TOPOLOGIES", "wire_dtype_of", "to_wire", "from_wire", "average_array
            "OuterSteps", "StaleGradients", "Schedule"]
 
 TOPOLOGIES = ("ring", "exponential")
-_instances = itertools.count()
-
-
-def _default_name(kind: str, name: Optional[str]) -> str:
-    # Every rank builds its optimizers in the same order, so the counter names them alike.
-    return name or f"{kind}.{next(_instances)}"
 
 
 def _check_count(label: str, value, minimum: int) -> int:
@@ -128,10 +121,20 @@ class Schedule:
 
     def __init__(self, process_set: ProcessSet = global_process_set, name: Optional[str] = None):
         self.process_set = process_set
-        self.name = _default_name(self.kind, name)
+        self._name = name or (self._number() if basics.is_initialized() else None)
         self.step = 0
         self.averaged = False           # the last step averaged: the ranks concerned hold the same bits
         self._context = None
+
+    @property
+    def name(self) -> str:
+        """The prefix of the collectives' names (one built before ``init`` is numbered here, at its first use)."""
+        self._name = self._name or self._number()
+        return self._name
+
+    def _number(self) -> str:
+        # Every rank builds its modes in the same order: the job's counter (each init's own) names them alike.
+        return f"{self.kind}.{basics.context().counters.next('async_policy')}"     # (ValueError before init)
 
     def _root(self) -> int:
         ranks = self.process_set.ranks

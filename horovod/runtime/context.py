@@ -3,9 +3,10 @@
 Held here, below :mod:`basics` and :mod:`process_sets`, so both can reach the live engine without importing each
 other. ``init`` installs a :class:`Context` and ``shutdown`` clears it; ``shutdown()`` then ``init()`` builds a fresh
 one (elastic training relies on it), with every count restarted, so that ranks of a new round (survivors and
-newcomers alike) name their collectives alike. What outlives a ``shutdown`` on purpose is kept next to its reader,
-with the reason: the mesh generation and the exit hook (:mod:`basics`), the elastic round (:mod:`elastic_worker`),
-the launcher's failure report (:mod:`failure_report`), rank 0's rendezvous servers (:mod:`launch_env`).
+newcomers alike) name their collectives alike. A binding's per-job state (torch's handle map, JAX's pending handles
+and trace counts, TensorFlow's last graph error) is a :meth:`Context.binding` object, made on first use and dropped
+with the context. The module-level values that outlive a ``shutdown`` on purpose, each with the reason, are the table
+"what outlives a job" in ``docs/architecture.md``; ``tests/test_process_state.py`` reads it and fails on any other.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 import itertools
 import os
 import threading
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, TypeVar
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.forks import FORKED, forked
@@ -28,6 +29,7 @@ FORKED_MESSAGE = ("this process was forked after hvd.init() (a data-loader worke
                   "hvd.init() in a process started with the 'spawn' method")
 
 lock = threading.RLock()
+_State = TypeVar("_State")
 
 
 class Counters:
@@ -62,6 +64,16 @@ class Context:
     process_sets: List[object] = dataclasses.field(default_factory=list)
     counters: Counters = dataclasses.field(default_factory=Counters)
     pid: int = dataclasses.field(default_factory=os.getpid)     # the process that called init
+    # Each binding's per-job state, by binding ("torch", "jax", "tensorflow"): see binding().
+    bindings: Dict[str, object] = dataclasses.field(default_factory=dict)
+
+    def binding(self, key: str, factory: Callable[[], _State]) -> _State:
+        """Binding ``key``'s state for this job: ``factory()``'s object, made on the first call of the job (so every
+        ``init`` starts it afresh) and dropped by ``shutdown`` with the context."""
+        state = self.bindings.get(key)
+        if state is None:
+            state = self.bindings.setdefault(key, factory())    # (two first calls at once: one object wins)
+        return state
 
     @property
     def dynamic_sets(self) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.runtime import context
 
 _SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
               tf.float64, tf.bool)
@@ -44,17 +45,30 @@ def from_core(array: np.ndarray, dtype: tf.DType) -> np.ndarray:
     return array.astype(dtype.as_numpy_dtype, copy=False)
 
 
-# Written by the TensorFlow thread that ran the op, read by the caller's thread: a plain shared cell.
-_last_graph_error: list = [None]
+class _Job:
+    """The TensorFlow binding's per-job state (:meth:`horovod.runtime.context.Context.binding`)."""
+
+    def __init__(self):
+        # Written by the TensorFlow thread that ran the op, read by the caller's thread: a plain shared cell.
+        self.graph_error: Optional[BaseException] = None
+
+
+def _job() -> Optional[_Job]:
+    ctx = context.get()
+    return None if ctx is None else ctx.binding("tensorflow", _Job)
 
 
 def take_graph_error() -> Optional[BaseException]:
-    """The Horovod error behind the last ``tf.errors.OpError`` raised by a graph op of this binding (then cleared).
+    """The Horovod error behind the last ``tf.errors.OpError`` raised by a graph op of this binding in this job
+    (then cleared); None between jobs.
 
     Inside a graph TensorFlow turns a Python exception into an ``OpError``; elastic training needs the original
     :class:`HorovodInternalError` / :class:`HostsUpdatedInterrupt` to decide between restoring and keeping state.
     """
-    error, _last_graph_error[0] = _last_graph_error[0], None
+    job = _job()
+    if job is None:
+        return None
+    error, job.graph_error = job.graph_error, None
     return error
 
 
@@ -80,7 +94,9 @@ def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: 
         try:
             outputs = fn(*arrays)
         except (HorovodInternalError, HostsUpdatedInterrupt) as error:
-            _last_graph_error[0] = error   # TensorFlow re-raises it as an OpError; see take_graph_error
+            job = _job()
+            if job is not None:
+                job.graph_error = error   # TensorFlow re-raises it as an OpError; see take_graph_error
             raise
         return [from_core(o, t) for o, t in zip(outputs, touts)]
 

@@ -108,6 +108,7 @@ def as_input(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Op
 # two or more elements without a negative bit; a negative-bit view of that size is strided, so it never matches.) The
 # caller keeps the tensor alive until its collective completes (the torch handle holds it).
 #   data pointer -> (shape, torch dtype, numpy view, core dtype name)
+# Process-lifetime (docs/architecture.md, "What outlives a job"): the views belong to the memory, not to a job.
 _inplace_views: Dict[int, tuple] = {}
 _INPLACE_VIEWS_MAX = 1 << 15       # distinct addresses kept; past this the map starts again (a few MB at most)
 

@@ -14,7 +14,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from horovod.common.exceptions import HorovodInternalError
 from horovod.runtime import collectives as _c
+from horovod.runtime import context as _context
 from horovod.runtime import gradient_policy as _policy
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.torch._tensors import (as_input, as_input_view, as_output, check_tensor, inplace_view, settle,
@@ -25,14 +27,44 @@ __all__ = ["poll", "synchronize", "allreduce_async", "allreduce_async_", "allred
            "grouped_allgather_async", "broadcast_async", "broadcast_async_", "broadcast_",
            "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "join", "barrier"]
 
-# handle -> (core handle, finisher of the core's result or None, the tensor returned when there is no finisher)
-_handle_map: Dict[int, Tuple[Any, Optional[Callable[[Any], Any]], Any]] = {}
+# Process-lifetime (docs/architecture.md): a handle never repeats in a process, so one kept from an earlier job is
+# never taken for one of this job.
 _handle_ids = itertools.count()
+
+
+class _Job:
+    """The torch binding's per-job state (:meth:`horovod.runtime.context.Context.binding`)."""
+
+    def __init__(self):
+        # handle -> (core handle, finisher of the core's result or None, the tensor returned without a finisher)
+        self.handles: Dict[int, Tuple[Any, Optional[Callable[[Any], Any]], Any]] = {}
+        self.first = next(_handle_ids)      # every handle of this job is above it, every one of an earlier job below
+
+
+def _job() -> _Job:
+    """This job's torch state.
+
+    Raises:
+        ValueError: Horovod is not initialized.
+    """
+    return _context.current().binding("torch", _Job)
+
+
+def _check_not_stale(handle: int, what: str) -> None:
+    """For a handle this job does not hold.
+
+    Raises:
+        HorovodInternalError: ``handle`` belongs to a job that has been shut down (its collective ended with it).
+    """
+    ctx = _context.get()
+    if ctx is None or (isinstance(handle, int) and handle < ctx.binding("torch", _Job).first):
+        raise HorovodInternalError(f"{what}: handle {handle!r} belongs to a Horovod job that has been shut down; "
+                                   f"its collective ended with it")
 
 
 def _register(core_handle, finish: Optional[Callable[[Any], Any]], tensor=None) -> int:
     handle = next(_handle_ids)       # (atomic under the GIL, as the dict operations here: no lock per tensor)
-    _handle_map[handle] = (core_handle, finish, tensor)
+    _job().handles[handle] = (core_handle, finish, tensor)
     return handle
 
 
@@ -41,9 +73,13 @@ def poll(handle: int) -> bool:
 
     Raises:
         ValueError: ``handle`` is not a pending handle.
+        HorovodInternalError: ``handle`` belongs to a job that has been shut down.
     """
-    entry = _handle_map.get(handle)
+    ctx = _context.get()
+    job = ctx.bindings.get("torch") if ctx is not None else None
+    entry = job.handles.get(handle) if job is not None else None
     if entry is None:
+        _check_not_stale(handle, "poll")
         raise ValueError(f"poll: unknown handle {handle!r} (already synchronized, or never returned by an *_async op)")
     return entry[0].done()
 
@@ -53,11 +89,15 @@ def synchronize(handle: int):
     ``(output, received_splits)`` for alltoall); None for an unknown handle.
 
     Raises:
-        HorovodInternalError: the job broke (a peer died, Horovod shut down).
+        HorovodInternalError: the job broke (a peer died, Horovod shut down), or ``handle`` belongs to a job that
+            has been shut down.
         TensorMismatchError: ranks disagreed on the tensor's shape, dtype, op or root (a RuntimeError).
     """
-    entry = _handle_map.pop(handle, None)
+    ctx = _context.get()        # (once per gradient per step: the lookups inline)
+    job = ctx.bindings.get("torch") if ctx is not None else None
+    entry = job.handles.pop(handle, None) if job is not None else None
     if entry is None:
+        _check_not_stale(handle, "synchronize")
         return None
     core_handle, finish, tensor = entry
     result = core_handle.result()
@@ -111,7 +151,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
     view = found[2]
     core = _c.allreduce_async(view, name, op, average, prescale_factor, postscale_factor, process_set, view, found[3])
     handle = next(_handle_ids)
-    _handle_map[handle] = (core, None, tensor)     # (what _register does, without a call)
+    (_context.current().bindings.get("torch") or _job()).handles[handle] = (core, None, tensor)   # (_register's work)
     return handle
 
 
