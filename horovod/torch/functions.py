@@ -94,9 +94,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
 
 
 def _describe(value):
-    """A state entry as the root announces it: a tensor's shape and dtype, or any other value itself."""
+    """A state entry as the root announces it: a tensor's shape, dtype and whether it lives on the host or with its
+    parameter (Adam keeps its step count on the CPU beside CUDA moments), or any other value itself."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), str(value.dtype).replace("torch.", ""))
+        return ("tensor", tuple(value.shape), str(value.dtype).replace("torch.", ""),
+                "cpu" if value.device.type == "cpu" else "param")
     return ("value", value)
 
 
@@ -121,10 +123,11 @@ def _match_layout(optimizer, params, state_layout):
                     state[key] = spec[1]
                     continue
                 shape, dtype = spec[1], getattr(torch, spec[2])
+                device = torch.device("cpu") if spec[3] == "cpu" else p.device
                 current = state.get(key)
                 if not (isinstance(current, torch.Tensor) and tuple(current.shape) == shape and current.dtype == dtype
-                        and current.device.type == "cpu"):
-                    state[key] = torch.zeros(shape, dtype=dtype)
+                        and current.device == device):
+                    state[key] = torch.zeros(shape, dtype=dtype, device=device)
                 tensors[(g, i, key)] = state[key]
     return tensors
 
