@@ -36,6 +36,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from horovod.common.safe_files import open_for_writing
 from horovod.core.gaussian_process import GaussianProcess, expected_improvement
 
 __all__ = ["MIB", "SEEDS", "SAMPLES_PER_CANDIDATE", "CSV_HEADER", "FUSION", "CYCLE", "Dimension", "Decision",
@@ -274,7 +275,7 @@ class Autotuner:
                               f"{int(round(fusion_mb * MIB))},{score:.1f},\"{note}\"")
         if self.log_path:
             try:
-                with open(self.log_path, "w") as handle:
+                with open_for_writing(self.log_path, "the autotune log") as handle:
                     handle.write("\n".join([CSV_HEADER] + self._log_rows) + "\n")
             except OSError as error:        # the log is for people: tuning goes on without it
                 _log.warning("autotune: cannot write the log %s (%s); tuning goes on without it", self.log_path, error)

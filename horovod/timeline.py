@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Dict, Optional
 
+from horovod.common.safe_files import open_for_writing
 from horovod.common.types import OP_NAMES
 
 __all__ = ["Timeline", "from_config"]
@@ -28,7 +29,7 @@ class _Writer(threading.Thread):
         super().__init__(name="horovod-timeline", daemon=True)
         self.path = path
         self.records: "queue.SimpleQueue[Optional[dict]]" = queue.SimpleQueue()
-        self._file = open(path, "w")
+        self._file = open_for_writing(path, "the timeline")     # /tmp/timeline.json: no symlink followed
         self._file.write("[\n]")
         self._file.flush()
         self._first = True

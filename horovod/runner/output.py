@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import IO, Callable, Deque, Dict, Hashable, List, Optional, TextIO, Tuple
 
+from horovod.common.safe_files import open_for_writing
+
 __all__ = ["OutputSink", "PieceSplitter", "relay_pieces", "relay_lines", "PIECE_CHARS", "READ_BYTES"]
 
 PIECE_CHARS = 64 * 1024      # the longest piece held back waiting for its line end
@@ -51,7 +53,8 @@ class OutputSink:
                 directory = os.path.join(output_dir, f"rank.{rank:0{width}d}")
                 os.makedirs(directory, exist_ok=True)
                 for stream in ("stdout", "stderr"):
-                    self._files[(rank, stream)] = open(os.path.join(directory, stream), "w", encoding="utf-8")
+                    self._files[(rank, stream)] = open_for_writing(os.path.join(directory, stream),
+                                                                      f"rank {rank}'s {stream}")
 
     def write(self, rank: Hashable, stream: str, line: str, end: str = "\n") -> None:
         """Write one piece of ``rank``'s ``stream`` ("stdout" or "stderr"): ``line`` and the ``end`` that the worker
