@@ -55,8 +55,14 @@ test: venv sysdeps
 	$(PYTEST) -p xdist -n $(TIMED_WORKERS) --dist loadgroup -m timed $(TIMED_FILES)
 	$(PYTEST) -m serial $(SERIAL_FILES)
 
-# Repeated trials of the tests that hunt rare failures (one trial each runs in make test).
+# Repeated trials of the tests that hunt rare failures (one trial each runs in make test), and the size-independent
+# multi-rank tests at 5 and 8 ranks (make test runs them at 2 and 3: horovod.testing.fixtures.world_sizes).
+WORLD_SIZE_FILES = tests/test_collectives.py tests/test_negotiation.py tests/test_negotiated_data.py \
+	tests/test_engine_errors.py tests/test_bad_input.py tests/elastic/test_elastic_cli.py
 soak: venv sysdeps
+	$(BIN)/python -m pytest -q -p xdist -n 2 --dist loadgroup -m "not serial and not slow" --world-sizes 5,8 \
+		$(WORLD_SIZE_FILES)
+	$(BIN)/python -m pytest -q -m "serial and not slow" --world-sizes 5,8 $(WORLD_SIZE_FILES)
 	HVD_SOAK_REPEATS=20 HVD_SOAK_HOGS=1 $(BIN)/python -m pytest -q tests/test_error_soak.py
 	HVD_SOAK_TRIALS=5 $(BIN)/python -m pytest -q tests/test_hostile_user.py
 	HVD_SOAK_TRIALS=3 $(BIN)/python -m pytest -q tests/test_failure_matrix.py

@@ -1,8 +1,11 @@
-"""Bad input at the API never corrupts a job (issue 19, item 5), each case on 2 ranks (tier ranks).
+"""Bad input at the API never corrupts a job (issue 19, item 5), at every world size of horovod.testing.fixtures
+(2 and 3 ranks; ``--world-sizes 5,8`` in ``make soak``), one job per size (tier ranks).
 
 Each case either works correctly or raises a clear error on every rank, and the job goes on: after every case the
 ranks run a checked allreduce. A child forked after ``init`` is ``tests/test_liveness.py``'s.
 """
+
+import traceback
 
 import pytest
 
@@ -36,11 +39,38 @@ def _odd_names():
     return outcome
 
 
-def test_odd_tensor_names_work_or_fail_clearly_on_every_rank():
-    results = spawn_ranks(_odd_names, 2, timeout=120)
-    assert results[0] == results[1], results
+def _every_case():
+    """Each case's function in turn on one job (each inits and shuts down): its value or its traceback."""
+    outcomes = {}
+    for case in (_odd_names, _odd_values, _mismatches, _before_and_after):
+        try:
+            outcomes[case.__name__] = (case(), None)
+        except Exception:  # the case's test reports it
+            import horovod.numpy as hvd
+            outcomes[case.__name__] = (None, traceback.format_exc())
+            if hvd.is_initialized():
+                hvd.shutdown()
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def job(world):
+    return spawn_ranks(_every_case, world, timeout=90 + 30 * world)
+
+
+def _part(results, case):
+    failures = [f"rank {rank}:\n{r[case.__name__][1]}" for rank, r in enumerate(results)
+                if r[case.__name__][1] is not None]
+    assert not failures, "\n".join(failures)
+    return [r[case.__name__][0] for r in results]
+
+
+def test_odd_tensor_names_work_or_fail_clearly_on_every_rank(job, world):
+    results = _part(job, _odd_names)
+    assert all(result == results[0] for result in results), results
+    total = float(sum(range(1, world + 1)))
     for name, (value, goes_on) in zip(ODD_NAMES, results[0]):
-        assert value == [3.0, 3.0] or (isinstance(value, str) and "name" in value), (name[:20], value)
+        assert value == [total, total] or (isinstance(value, str) and "name" in value), (name[:20], value)
         assert goes_on, name[:20]
 
 
@@ -74,20 +104,22 @@ def _odd_values():
     return out
 
 
-def test_nan_inf_non_contiguous_and_read_only_arrays_give_correct_results():
+def test_nan_inf_non_contiguous_and_read_only_arrays_give_correct_results(job, world):
     import numpy as np
-    r0, r1 = spawn_ranks(_odd_values, 2, timeout=120)
+    results = _part(job, _odd_values)
+    r0 = results[0]
     own = "read_only_unchanged"         # each rank's own input
-    assert str({k: v for k, v in r0.items() if k != own}) == str({k: v for k, v in r1.items() if k != own})
+    shared = [str({k: v for k, v in r.items() if k != own}) for r in results]
+    assert shared == [shared[0]] * world
     special = np.array([np.nan, np.inf, -np.inf, 1.0, -0.0])
-    assert str(r0["nan_inf"]) == str((special * 1 + special * 2).tolist())
+    assert str(r0["nan_inf"]) == str(sum(special * (r + 1) for r in range(world)).tolist())
     assert str(r0["nan_inf_max"]) == str(special.tolist())
-    assert str(r0["inf_minus_inf"]) == "[nan]"
+    assert str(r0["inf_minus_inf"]) == ("[inf]" if world == 1 else "[nan]")
     base = np.arange(20, dtype=np.float32).reshape(4, 5)
-    assert r0["non_contiguous"] == (2 * base[:, ::2] + 1).tolist()
-    assert r0["transposed"] == (2 * base.T + 1).tolist()
-    assert r0["read_only"] == [3.0] * 4
-    assert r0[own] == [1.0] * 4 and r1[own] == [2.0] * 4
+    assert r0["non_contiguous"] == (world * base[:, ::2] + sum(range(world))).tolist()
+    assert r0["transposed"] == (world * base.T + sum(range(world))).tolist()
+    assert r0["read_only"] == [float(sum(range(1, world + 1)))] * 4
+    assert [r[own] for r in results] == [[r + 1.0] * 4 for r in range(world)]
     assert r0["in_place_read_only"].startswith("error:") and "read-only" in r0["in_place_read_only"].lower() \
         or r0["in_place_read_only"] == "no error", r0["in_place_read_only"]
     assert r0["nan_prescale"] == "[nan, nan]", "a NaN prescale on every rank is not a mismatch"
@@ -107,7 +139,7 @@ def _mismatches():
         "op": lambda: hvd.allreduce(np.ones(3), op=hvd.Sum if r == 0 else hvd.Max, name="op"),
         "root": lambda: hvd.broadcast(np.ones(3), root_rank=r, name="root"),
         "prescale": lambda: hvd.allreduce(np.ones(3), prescale_factor=1.0 + r, name="prescale"),
-        "bad_root": lambda: hvd.broadcast(np.ones(3), root_rank=7, name="bad-root"),
+        "bad_root": lambda: hvd.broadcast(np.ones(3), root_rank=hvd.size(), name="bad-root"),
         "bad_dtype": lambda: hvd.allreduce(np.array(["a", "b"]), name="strings"),
         "object_dtype": lambda: hvd.allreduce(np.array([{}, 1], dtype=object), name="objects"),
     }
@@ -122,15 +154,17 @@ def _mismatches():
     return out
 
 
-def test_dtype_shape_and_argument_mismatches_raise_clearly_on_every_rank_and_the_job_goes_on():
-    r0, r1 = spawn_ranks(_mismatches, 2, timeout=120)
+def test_dtype_shape_and_argument_mismatches_raise_clearly_on_every_rank_and_the_job_goes_on(job, world):
+    if world < 2:
+        pytest.skip("one rank: nothing to mismatch with")
+    results = _part(job, _mismatches)
     for case in ("dtype", "shape", "op", "root", "prescale"):
-        for result in (r0, r1):
+        for result in results:
             assert "Mismatched" in result[case] and f".{case}'" in result[case], (case, result[case])
     for case in ("bad_root", "bad_dtype", "object_dtype"):
-        for result in (r0, r1):
+        for result in results:
             assert result[case] != "no error", (case, result[case])
-    for result in (r0, r1):
+    for result in results:
         assert all(value for key, value in result.items() if key.endswith(".goes_on")), result
 
 
@@ -157,9 +191,9 @@ def _before_and_after():
     return out
 
 
-def test_ops_before_init_and_after_shutdown_raise_a_clear_error():
-    for result in spawn_ranks(_before_and_after, 2, timeout=120):
-        assert result["works"] == [2.0, 2.0] and result["again"] == [2.0, 2.0]
+def test_ops_before_init_and_after_shutdown_raise_a_clear_error(job, world):
+    for result in _part(job, _before_and_after):
+        assert result["works"] == [float(world)] * 2 and result["again"] == [float(world)] * 2
         for key, value in result.items():
             if key.startswith(("before.", "after.")):
                 assert "not been initialized" in value or "shut down" in value, (key, value)

@@ -1,4 +1,7 @@
-"""Every collective on 1-4 real ranks against numpy references (spawned ranks and the real horovodrun)."""
+"""Every collective on 1-4 real ranks against numpy references (spawned ranks and the real horovodrun).
+
+The checks hold at any world size: ``--world-sizes 5,8`` (``make soak``) runs them there (horovod.testing.fixtures).
+"""
 
 import os
 import sys
@@ -6,7 +9,7 @@ import sys
 import pytest
 
 from horovod.testing import spawn_ranks
-from horovod.testing.fixtures import run_horovodrun
+from horovod.testing.fixtures import run_horovodrun, world_sizes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL_FUSION = {"HOROVOD_FUSION_THRESHOLD": "65536"}
@@ -36,7 +39,7 @@ def _all_checks():
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("world_size", world_sizes(default=(1, 2, 3, 4)))
 def test_every_op_dtype_shape_matches_numpy(world_size, transport):
     results = spawn_ranks(_all_checks, world_size, timeout=120, env={**SMALL_FUSION, **TRANSPORTS[transport]})
     for rank, (count, failures) in enumerate(results):
@@ -56,11 +59,12 @@ def test_every_op_at_larger_world_sizes_with_default_settings(world_size):
 
 
 @pytest.mark.cli
-def test_under_horovodrun_three_ranks():
-    proc = run_horovodrun(["-np", "3", "--fusion-threshold-mb", "0", sys.executable,
-                           os.path.join(HERE, "collective_checks.py")], timeout=120)
+@pytest.mark.parametrize("world_size", world_sizes(default=(3,)))     # the spawned runs above cover 1-4
+def test_under_horovodrun(world_size):
+    proc = run_horovodrun(["-np", str(world_size), "--fusion-threshold-mb", "0", sys.executable,
+                           os.path.join(HERE, "collective_checks.py")], timeout=120 + 30 * world_size)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for rank in range(3):
+    for rank in range(world_size):
         assert f"[{rank}]<stdout>:rank {rank}: " in proc.stdout and "0 failures" in proc.stdout
 
 
@@ -72,7 +76,6 @@ def _dynamic_sets():
         n = hvd.size()
         first = hvd.add_process_set([0])
         rest = hvd.add_process_set(list(range(1, n)))
-        ids = hvd.common.basics._get_process_set_ids_and_ranks() if hasattr(hvd, "common") else None
         from horovod.runtime import basics
         ids = basics._get_process_set_ids_and_ranks()
         got = None
@@ -90,20 +93,11 @@ def _dynamic_sets():
         hvd.shutdown()
 
 
-@pytest.mark.ranks
-def test_dynamic_process_sets_numbered_in_registration_order():
-    results = spawn_ranks(_dynamic_sets, 3, timeout=60)
-    for rank, (ids, got, duplicate, removed, after, first_id, rest_rank) in enumerate(results):
-        assert ids == {0: [0, 1, 2], 1: [0], 2: [1, 2]}
-        assert got == (None if rank == 0 else [2.0])
-        assert duplicate and removed and first_id is None
-        assert after == {0: [0, 1, 2], 2: [1, 2]}
-        assert rest_rank == (None if rank == 0 else rank - 1)
-
-
 @pytest.mark.cli
 def test_two_hosts_hierarchical_allreduce_under_horovodrun():
-    """localhost and 127.0.0.1 are two host identities: shared memory within each, TCP between their leaders."""
+    """localhost and 127.0.0.1 are two host identities: shared memory within each, TCP between their leaders.
+    Four ranks, two a host: the smallest layout with a local and a cross-host level of two each (the checks are
+    the size-independent ones above)."""
     proc = run_horovodrun(["-np", "4", "-H", "localhost:2,127.0.0.1:2", "--hierarchical-allreduce",
                            sys.executable, os.path.join(HERE, "collective_checks.py")],
                           timeout=120, env={"HOROVOD_SHM_MIN_BYTES": "0"})
@@ -130,25 +124,6 @@ def _multi_chunk_allreduces():
         return results
     finally:
         hvd.shutdown()
-
-
-@pytest.mark.ranks
-def test_shared_memory_allreduce_over_several_chunks_with_fused_scaling():
-    import numpy as np
-    n = 3
-    results = spawn_ranks(_multi_chunk_allreduces, n, timeout=120)
-    count = 5 * (16 << 10) + 7
-    base = np.arange(count) % 97
-    contributions = [base * (r + 1) for r in range(n)]
-    average, total = 0, 1     # Horovod's values of hvd.Average and hvd.Sum
-    want = {("float32", average): np.sum(contributions, axis=0) / n,
-            ("float64", total): np.sum(contributions, axis=0) * 0.5,
-            ("int32", average): np.trunc(np.sum(contributions, axis=0) / n),
-            ("float32", 4): np.max(contributions, axis=0)}
-    for rank, got in enumerate(results):
-        for key, value in want.items():
-            np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=f"rank {rank} {key}")
-        assert all(np.array_equal(got[k], results[0][k]) for k in want), f"rank {rank} differs from rank 0"
 
 
 def _mixed_back_to_back():
@@ -188,8 +163,63 @@ def _mixed_back_to_back():
         hvd.shutdown()
 
 
+def _shared_job():
+    """The checks below on one job per world size, each part's outcome (or traceback) reported by its own test."""
+    import traceback
+    outcomes = {}
+    for part in (_dynamic_sets, _multi_chunk_allreduces, _mixed_back_to_back):
+        try:
+            outcomes[part.__name__] = (part(), None)
+        except Exception:  # the part's test reports it
+            outcomes[part.__name__] = (None, traceback.format_exc())
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def shared_job(world):
+    # Shared memory for every size (HOROVOD_SHM_MIN_BYTES=0): the chunked allreduces are large anyway.
+    return spawn_ranks(_shared_job, world, timeout=60 + 30 * world, env={"HOROVOD_SHM_MIN_BYTES": "0"})
+
+
+def _part(results, name):
+    failures = [f"rank {rank}:\n{r[name][1]}" for rank, r in enumerate(results) if r[name][1] is not None]
+    assert not failures, "\n".join(failures)
+    return [r[name][0] for r in results]
+
+
 @pytest.mark.ranks
-def test_shared_memory_collectives_back_to_back_without_closing_barriers():
-    for rank, failures in enumerate(spawn_ranks(_mixed_back_to_back, 3, timeout=120,
-                                                env={"HOROVOD_SHM_MIN_BYTES": "0"})):
+def test_dynamic_process_sets_numbered_in_registration_order(shared_job, world):
+    if world < 2:
+        pytest.skip("one rank: no second process set to register")
+    everyone, rest_ranks = list(range(world)), list(range(1, world))
+    for rank, (ids, got, duplicate, removed, after, first_id, rest_rank) in enumerate(_part(shared_job,
+                                                                                            "_dynamic_sets")):
+        assert ids == {0: everyone, 1: [0], 2: rest_ranks}
+        assert got == (None if rank == 0 else [float(world - 1)])
+        assert duplicate and removed and first_id is None
+        assert after == {0: everyone, 2: rest_ranks}
+        assert rest_rank == (None if rank == 0 else rank - 1)
+
+
+@pytest.mark.ranks
+def test_shared_memory_allreduce_over_several_chunks_with_fused_scaling(shared_job, world):
+    import numpy as np
+    n, results = world, _part(shared_job, "_multi_chunk_allreduces")
+    count = 5 * (16 << 10) + 7
+    base = np.arange(count) % 97
+    contributions = [base * (r + 1) for r in range(n)]
+    average, total = 0, 1     # Horovod's values of hvd.Average and hvd.Sum
+    want = {("float32", average): np.sum(contributions, axis=0) / n,
+            ("float64", total): np.sum(contributions, axis=0) * 0.5,
+            ("int32", average): np.trunc(np.sum(contributions, axis=0) / n),
+            ("float32", 4): np.max(contributions, axis=0)}
+    for rank, got in enumerate(results):
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=f"rank {rank} {key}")
+        assert all(np.array_equal(got[k], results[0][k]) for k in want), f"rank {rank} differs from rank 0"
+
+
+@pytest.mark.ranks
+def test_shared_memory_collectives_back_to_back_without_closing_barriers(shared_job):
+    for rank, failures in enumerate(_part(shared_job, "_mixed_back_to_back")):
         assert failures == [], f"rank {rank}: {failures}"

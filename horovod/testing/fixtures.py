@@ -4,6 +4,11 @@
 * ``ranks`` — a function on N real processes through :func:`~horovod.testing.spawn_ranks` (fixture ``spawn``).
 * ``cli``   — the real ``horovodrun`` in a subprocess (fixture ``horovodrun``).
 
+World sizes: a multi-rank test whose checks hold at any size takes the argument ``world`` (or a fixture that does),
+run at each of :func:`world_sizes`: 2 and 3 ranks by default, any others with ``--world-sizes 5,8`` or
+``HVD_WORLD_SIZES=5,8`` (``make soak``). A test that keeps its own sizes in ``make test`` but follows the override
+lists ``world_sizes(default=...)``; a test written for one size says why.
+
 Enable with ``pytest_plugins = ["horovod.testing.fixtures"]`` in a ``conftest.py``.
 """
 
@@ -15,11 +20,12 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Iterable, List, Mapping, Optional, Sequence
+from typing import Callable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import pytest
 
 from horovod.common import config
+from horovod.common.config import environ_get, environ_set
 from horovod.runner.launch import package_pythonpath
 from horovod.testing.spawn import spawn_ranks
 
@@ -39,8 +45,45 @@ SCHEDULES = {
     "serial": "bounds a time under load or loads the whole machine; `make test` runs it last, alone",
 }
 
+WORLD_SIZES_ENV = "HVD_WORLD_SIZES"
+DEFAULT_WORLD_SIZES = (2, 3)
+
+
+def world_sizes(default: Sequence[int] = DEFAULT_WORLD_SIZES) -> Tuple[int, ...]:
+    """The world sizes of the size-independent multi-rank tests: ``HVD_WORLD_SIZES`` (``--world-sizes`` sets it), a
+    comma-separated list such as ``5,8``, where set; ``default`` otherwise. Read at collection."""
+    text = (environ_get(WORLD_SIZES_ENV) or "").strip()
+    if not text:
+        return tuple(default)
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise pytest.UsageError(f"{WORLD_SIZES_ENV}={text!r}: give world sizes as positive integers, e.g. 5,8")
+    return sizes
+
+
+def pytest_addoption(parser):  # noqa: D103 — pytest hook
+    parser.getgroup("horovod").addoption(
+        "--world-sizes", default=None, metavar="N,M",
+        help=f"run the size-independent multi-rank tests at these world sizes (sets {WORLD_SIZES_ENV}; "
+             f"default {','.join(map(str, DEFAULT_WORLD_SIZES))})")
+
+
+def pytest_generate_tests(metafunc):  # noqa: D103 — pytest hook
+    # One parameter of module scope, so that a module's job spawned for a size serves every test at that size.
+    explicit = any("world" in marker.args[0] for marker in metafunc.definition.iter_markers("parametrize")
+                   if marker.args and isinstance(marker.args[0], str))
+    if "world" in metafunc.fixturenames and not explicit:
+        metafunc.parametrize("world", world_sizes(), ids=lambda n: f"{n}ranks", scope="module")
+
 
 def pytest_configure(config):  # noqa: D103 — pytest hook
+    option = config.getoption("world_sizes", None)
+    if option:     # before the test modules are collected; xdist workers get the option too
+        environ_set(WORLD_SIZES_ENV, option)
+        world_sizes()
     for name, doc in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
     for name, doc in SCHEDULES.items():
@@ -89,8 +132,10 @@ def _shared_fixture_group(item) -> Optional[str]:
             definition = info.name2fixturedefs[name][-1]
             if definition.scope == scope and definition.baseid:     # the suite's own, not pytest's tmp_path_factory
                 where = item.nodeid.split("::")[0] if scope == "module" else name
+                # the job of one world size (a fixture on the `world` parameter) goes to a worker of its own
+                param = params.get(name, params.get("world") if "world" in definition.argnames else None)
                 # xdist reads a group after the last "@" only if no "]" follows it: "module:param", not "module[param]"
-                return f"{where}:{params[name]}" if name in params else where
+                return f"{where}:{param}" if param is not None else where
     return None
 
 
@@ -184,7 +229,7 @@ def horovodrun() -> Callable[..., subprocess.CompletedProcess]:
     return run_horovodrun
 
 
-__all__ = ["TIERS", "process_alive", "live_processes", "run_horovodrun", "spawn", "horovodrun", "wait_for"]
+__all__ = ["TIERS", "world_sizes", "process_alive", "live_processes", "run_horovodrun", "spawn", "horovodrun", "wait_for"]
 
 
 def start_horovodrun(args: Sequence[str], cwd: str, env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:
