@@ -4,17 +4,22 @@
 ``tf.convert_to_tensor``; while tracing (``tf.function``, Keras ``fit``) it becomes one stateful
 ``tf.numpy_function`` op, so ``tf.function``'s automatic control dependencies run Horovod ops in program order on
 every rank (a blocking collective never waits behind another rank's different op). bfloat16 travels to the core as
-its ``uint16`` bit pattern with ``dtype="bfloat16"``.
+its ``uint16`` bit pattern with ``dtype="bfloat16"``. An eager tensor on a GPU goes as a
+:class:`~horovod.common.device.DeviceTensor` that the front door stages through host memory (``@host`` in its device
+name, ``HOST_STAGED`` in the timeline) and puts back on its GPU; inside a graph, ``tf.numpy_function`` hands the op
+host arrays itself.
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from horovod.common.device import DeviceTensor
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.common.types import dtype_name
 from horovod.runtime import context
 
 _SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
@@ -29,16 +34,21 @@ def check_dtype(dtype: tf.DType, what: str = "tensor") -> tf.DType:
     return dtype.base_dtype
 
 
-def to_core(array: np.ndarray) -> Tuple[np.ndarray, Optional[str]]:
-    """A numpy array from TensorFlow as the core takes it: ``(array, dtype name or None)``."""
+def to_core(array) -> Tuple[Any, Optional[str]]:
+    """A numpy array from TensorFlow as the core takes it: ``(array, dtype name or None)``; a GPU tensor's
+    :class:`DeviceTensor` as it is."""
+    if type(array) is DeviceTensor:
+        return array, array.dtype
     array = np.asarray(array)
     if array.dtype == tf.bfloat16.as_numpy_dtype:
         return np.ascontiguousarray(array).view(np.uint16), "bfloat16"
     return array, None
 
 
-def from_core(array: np.ndarray, dtype: tf.DType) -> np.ndarray:
-    """A result array from the core as TensorFlow's numpy type for ``dtype``."""
+def from_core(array, dtype: tf.DType):
+    """A result array from the core as TensorFlow's numpy type for ``dtype``; a device result as its tensor."""
+    if type(array) is DeviceTensor:
+        return array.data
     array = np.asarray(array)
     if dtype == tf.bfloat16:
         return array.view(tf.bfloat16.as_numpy_dtype)
@@ -101,7 +111,7 @@ def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: 
         return [from_core(o, t) for o, t in zip(outputs, touts)]
 
     if tf.executing_eagerly():
-        arrays = [t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in inputs]
+        arrays = [_eager_input(t) for t in inputs]
         return [tf.convert_to_tensor(o) for o in call(*arrays)]
     outputs = tf.numpy_function(call, list(inputs), touts, stateful=True, name=name)
     if not isinstance(outputs, (list, tuple)):
@@ -111,4 +121,38 @@ def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: 
     return list(outputs)
 
 
-__all__ = ["check_dtype", "to_core", "from_core", "run_numpy", "executing_eagerly"]
+__all__ = ["check_dtype", "to_core", "from_core", "run_numpy", "executing_eagerly", "TF_OPS"]
+
+
+def _gpu_index(tensor) -> Optional[int]:
+    """The GPU an eager tensor lives on (TensorFlow names it ``.../device:GPU:1``), or None."""
+    device = getattr(tensor, "device", "") or ""
+    marker = device.rfind("GPU:")
+    return int(device[marker + 4:]) if marker >= 0 else None
+
+
+def _eager_input(tensor):
+    """What an eager op hands the core: a host tensor's numpy view, a GPU tensor's :class:`DeviceTensor` (which
+    the front door stages through host memory: TensorFlow has no device plane here)."""
+    index = _gpu_index(tensor)
+    if index is None:
+        return tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)
+    name = "bfloat16" if tensor.dtype == tf.bfloat16 else dtype_name(np.empty(0, tensor.dtype.as_numpy_dtype))
+    return DeviceTensor(tensor, f"cuda:{index}", name, tuple(tensor.shape), None, TF_OPS)
+
+
+class _TfOps:
+    """The host-staged path for TensorFlow tensors (:class:`horovod.common.device.DeviceOps`)."""
+
+    def to_host(self, tensor: DeviceTensor) -> np.ndarray:
+        """A host copy (``numpy()`` waits for the tensor)."""
+        return to_core(tensor.data.numpy())[0]
+
+    def to_device(self, array: np.ndarray, like: DeviceTensor, out: Optional[DeviceTensor] = None) -> DeviceTensor:
+        """``array`` as a tensor on ``like``'s device (tensors are immutable: ``out`` is never written)."""
+        with tf.device(like.data.device):
+            placed = tf.identity(tf.convert_to_tensor(from_core(array, like.data.dtype)))
+        return DeviceTensor(placed, like.device, like.dtype, tuple(placed.shape), None, self)
+
+
+TF_OPS = _TfOps()

@@ -228,6 +228,24 @@ def check_join(tf, hvd, n, me):
     assert int(hvd.join().numpy()) in range(n)
 
 
+def check_gpu_tensor_staged_through_the_host(tf, hvd, n, me):
+    """A GPU tensor (described as one: this machine has no GPU) goes through the host-staged path and comes back a
+    tensor; an eager CPU tensor stays a numpy view."""
+    from horovod.common.device import DeviceTensor
+    from horovod.runtime import collectives as core
+    from horovod.tensorflow._tensors import TF_OPS, _eager_input, _gpu_index, from_core
+    assert type(_eager_input(tf.ones(2))).__name__ == "ndarray"
+    assert _gpu_index(type("T", (), {"device": "/job:localhost/replica:0/task:0/device:GPU:1"})()) == 1
+    x = tf.reshape(tf.range(6, dtype=tf.float32), (2, 3)) * float(me + 1)
+    summed = core.allreduce(DeviceTensor(x, "cuda:0", "float32", (2, 3), None, TF_OPS), name="staged", op=hvd.Sum)
+    assert type(summed) is DeviceTensor and summed.device == "cuda:0"
+    out = from_core(summed, tf.float32)
+    assert isinstance(out, tf.Tensor) and out.numpy().tolist() == (np.arange(6).reshape(2, 3) * n * (n + 1) / 2).tolist()
+    rows = DeviceTensor(tf.fill((me + 1, 2), float(me)), "cuda:0", "float32", (me + 1, 2), None, TF_OPS)
+    gathered = from_core(core.allgather(rows, name="staged_rows"), tf.float32).numpy()[:, 0].tolist()
+    assert gathered == [float(r) for r in range(n) for _ in range(r + 1)]
+
+
 CHECKS = {name: fn for name, fn in sorted(globals().items()) if name.startswith("check_")}
 CHECKS["check_join"] = CHECKS.pop("check_join")  # last: it leaves the engine joined
 
