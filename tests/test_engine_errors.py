@@ -1,4 +1,8 @@
-"""Errors instead of hangs: mismatches, duplicate names, stalls, dead peers, use outside init; and the timeline."""
+"""Errors instead of hangs: mismatches, duplicate names, stalls, dead peers, use outside init; and the timeline.
+
+Every check holds at any world size: the core ones (argument ``world``) run at 2 and 3 ranks in ``make test``, the
+others at the size they list, and all at ``--world-sizes 5,8`` in ``make soak`` (horovod.testing.fixtures).
+"""
 
 import json
 import os
@@ -9,6 +13,7 @@ import time
 import pytest
 
 from horovod.testing import spawn_ranks
+from horovod.testing.fixtures import world_sizes
 from horovod.testing.raw_ranks import run_raw_ranks
 
 
@@ -60,17 +65,29 @@ def _mismatches():
     return errors, after, duplicate, again, group_errors
 
 
+def _init_then_mismatches():
+    """One job per world size: the calls outside init first (before any init), then the mismatches."""
+    return _outside_init(), _mismatches()
+
+
+@pytest.fixture(scope="module")
+def job(world):
+    return spawn_ranks(_init_then_mismatches, world, timeout=60 + 15 * world)
+
+
 @pytest.mark.ranks
-def test_mismatches_fail_on_every_rank_and_job_goes_on():
-    for rank, (errors, after, duplicate, again, group_errors) in enumerate(spawn_ranks(_mismatches, 2, timeout=60)):
+def test_mismatches_fail_on_every_rank_and_job_goes_on(job, world):
+    if world < 2:
+        pytest.skip("one rank: nothing to mismatch with")
+    for rank, (_, (errors, after, duplicate, again, group_errors)) in enumerate(job):
         for case, text in errors.items():
             assert text is not None, f"rank {rank}: no error for mismatched {case}"
             assert "rank 0" in text and "rank 1" in text and f"'{'broadcast' if case == 'root' else 'allreduce'}.{case}'" in text
         assert "shape" in errors["shape"] and "(3,)" in errors["shape"] and "(4,)" in errors["shape"]
         assert "float32" in errors["dtype"] and "float64" in errors["dtype"]
         assert "root rank" in errors["root"]
-        assert after == [2.0, 2.0]
-        assert again == [[2.0, 2.0, 2.0]] * 3
+        assert after == [float(world)] * 2
+        assert again == [[float(world)] * 3] * 3
         assert duplicate is not None and "Duplicate tensor name" in duplicate
         assert len(group_errors) == 3 and any("another tensor of its group failed" in e for e in group_errors)
 
@@ -95,7 +112,7 @@ def _stall(marker):
             error = f"{type(exc).__name__}: {exc}"
         open(marker, "w").close()
     else:
-        # Rank 1 must stay silent (any collective it submitted would stall too) until rank 0 saw its error.
+        # The others must stay silent (any collective they submitted would stall too) until rank 0 saw its error.
         deadline = time.monotonic() + 30
         while not os.path.exists(marker):
             assert time.monotonic() < deadline, "rank 0 never reported the stalled tensor"
@@ -107,13 +124,15 @@ def _stall(marker):
 @pytest.mark.timed
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation", ["peer", "star"])
-def test_stall_warning_names_tensor_and_missing_rank_then_fails_it(tmp_path, negotiation):
+@pytest.mark.parametrize("world", [n for n in world_sizes() if n > 1])     # one rank cannot stall
+def test_stall_warning_names_tensor_and_missing_rank_then_fails_it(tmp_path, negotiation, world):
     env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2",
            "HOROVOD_NEGOTIATION": negotiation}
-    (error, records), _ = spawn_ranks(_stall, 2, timeout=60, env=env, args=(str(tmp_path / "marker"),))
+    (error, records), *_ = spawn_ranks(_stall, world, timeout=60, env=env, args=(str(tmp_path / "marker"),))
+    missing = str(list(range(1, world)))
     assert error is not None and error.startswith("HorovodInternalError")
-    assert "allreduce.lonely" in error and "[1]" in error
-    assert any("allreduce.lonely" in r and "missing ranks: [1]" in r for r in records), records
+    assert "allreduce.lonely" in error and missing in error
+    assert any("allreduce.lonely" in r and f"missing ranks: {missing}" in r for r in records), records
 
 
 def _outside_init():
@@ -138,10 +157,10 @@ def _outside_init():
 
 
 @pytest.mark.ranks
-def test_calls_outside_init_raise_horovods_error_and_reinit_works():
-    for seen, value in spawn_ranks(_outside_init, 2, timeout=60):
+def test_calls_outside_init_raise_horovods_error_and_reinit_works(job, world):
+    for (seen, value), _ in job:
         assert len(seen) == 4 and all("Horovod has not been initialized; use hvd.init()." in s for s in seen)
-        assert value == [2.0]
+        assert value == [float(world)]
 
 
 DEATH_SCRIPT = r"""
@@ -156,7 +175,8 @@ if hvd.rank() == 1:
     # Die only once the others are past the warmup (it may complete here first): the error must come from the
     # training loop below, not from the warmup outside it.
     deadline = time.monotonic() + 30
-    while not all(os.path.exists(os.path.join(here, f"warm.{r}")) for r in (0, 2)) and time.monotonic() < deadline:
+    others = [r for r in range(hvd.size()) if r != 1]
+    while not all(os.path.exists(os.path.join(here, f"warm.{r}")) for r in others) and time.monotonic() < deadline:
         time.sleep(0.01)
     os._exit(3)
 open(os.path.join(here, f"warm.{hvd.rank()}"), "w").close()
@@ -174,25 +194,30 @@ _run_raw_ranks = run_raw_ranks
 
 
 @pytest.mark.ranks
-def test_ranks_with_different_algorithm_settings_refuse_to_start(tmp_path):
+@pytest.mark.parametrize("size", world_sizes(default=(2,)))     # a start-up check: 2 ranks in make test
+def test_ranks_with_different_algorithm_settings_refuse_to_start(tmp_path, size):
     script = tmp_path / "init.py"
     script.write_text("import horovod.numpy as hvd\nhvd.init()\nprint('STARTED')\nhvd.shutdown()\n")
-    codes, outputs = _run_raw_ranks(script, 2, lambda rank: {"HOROVOD_SHM_MIN_BYTES": str(1024 * (rank + 1))})
+    codes, outputs = _run_raw_ranks(script, size, lambda rank: {"HOROVOD_SHM_MIN_BYTES": str(1024 * (rank + 1))})
+    listing = ", ".join(f"rank {r}: {1024 * (r + 1)}" for r in range(size))
     for code, output in zip(codes, outputs):
         assert code != 0 and "STARTED" not in output
-        assert "HOROVOD_SHM_MIN_BYTES differs between ranks (rank 0: 1024, rank 1: 2048)" in output
+        assert f"HOROVOD_SHM_MIN_BYTES differs between ranks ({listing})" in output
 
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("transport_env", [{"HOROVOD_SHM_DISABLE": "1"}, {"HOROVOD_SHM_MIN_BYTES": "0"}],
                          ids=["tcp", "shm"])
 @pytest.mark.serial
-def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path, transport_env):
+# At least three ranks: rank 1 dies between survivors on either side; 3 in make test (a serial test: alone).
+@pytest.mark.parametrize("size", [n for n in world_sizes(default=(3,)) if n >= 3])
+def test_dead_peer_becomes_horovod_internal_error_fast(tmp_path, transport_env, size):
     script = tmp_path / "death.py"
     script.write_text(DEATH_SCRIPT)
-    codes, outputs = _run_raw_ranks(script, 3, lambda rank: {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30", **transport_env})
+    codes, outputs = _run_raw_ranks(script, size, lambda rank: {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30",
+                                                                **transport_env})
     assert codes[1] == 3
-    for rank in (0, 2):
+    for rank in [r for r in range(size) if r != 1]:
         assert "ERROR after" in outputs[rank], outputs[rank]
         seconds = float(outputs[rank].split("ERROR after ")[1].split("s:")[0])
         assert seconds < 2, outputs[rank]     # at most 0.1 s measured (run alone); the liveness bound is 10 s
@@ -223,9 +248,10 @@ def _timeline(path):
 
 
 @pytest.mark.ranks
-def test_timeline_is_chrome_trace_json(tmp_path):
+@pytest.mark.parametrize("size", world_sizes(default=(2,)))     # rank 0 writes it whatever the size
+def test_timeline_is_chrome_trace_json(tmp_path, size):
     path = str(tmp_path / "timeline.json")
-    spawn_ranks(_timeline, 2, timeout=60, args=(path,),
+    spawn_ranks(_timeline, size, timeout=60, args=(path,),
                 env={"HOROVOD_TIMELINE": path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
     events = json.load(open(path))
     names = {e.get("name") for e in events}
@@ -261,10 +287,13 @@ def _after_peer_shutdown():
 
 @pytest.mark.serial
 @pytest.mark.ranks
-def test_collectives_after_another_rank_shut_down_fail_instead_of_hanging():
-    first, second = spawn_ranks(_after_peer_shutdown, 2, timeout=60)
-    assert second == "shut down"
-    assert first.startswith("error after") and "shut down" in first
+@pytest.mark.parametrize("size", [n for n in world_sizes(default=(2,)) if n > 1])     # serial: 2 in make test
+def test_collectives_after_another_rank_shut_down_fail_instead_of_hanging(size):
+    results = spawn_ranks(_after_peer_shutdown, size, timeout=60)
+    assert results[1] == "shut down"
+    for rank, result in enumerate(results):
+        if rank != 1:
+            assert result.startswith("error after") and "shut down" in result, (rank, result)
 
 
 def _busy_partner():
@@ -282,11 +311,12 @@ def _busy_partner():
 @pytest.mark.timed
 @pytest.mark.ranks
 @pytest.mark.parametrize("negotiation", ["peer", "star"])
-def test_a_rank_busy_in_its_own_code_is_not_taken_for_dead(negotiation):
-    # Rank 0 waits 2.5 s for rank 1's tensor with a 1 s peer timeout: rank 1's engine still answers, so no error.
-    results = spawn_ranks(_busy_partner, 2, timeout=60,
+@pytest.mark.parametrize("size", [n for n in world_sizes(default=(2,)) if n > 1])     # 2.5 s idle: 2 in make test
+def test_a_rank_busy_in_its_own_code_is_not_taken_for_dead(negotiation, size):
+    # The others wait 2.5 s for rank 1's tensor with a 1 s peer timeout: rank 1's engine still answers, no error.
+    results = spawn_ranks(_busy_partner, size, timeout=60,
                           env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "1", "HOROVOD_NEGOTIATION": negotiation})
-    assert results == [[2.0], [2.0]]
+    assert results == [[float(size)]] * size
 
 
 DEATH_IN_BARRIER_SCRIPT = r"""
@@ -313,7 +343,7 @@ except HorovodInternalError as exc:
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [n for n in world_sizes() if n > 1])
 def test_a_peer_dying_inside_a_shared_memory_collective_fails_the_others_fast(tmp_path, size):
     # Three ranks on two cores sleep in the barrier (no spinning); two spin first, then sleep.
     script = tmp_path / "death_in_barrier.py"
