@@ -141,8 +141,11 @@ def _rendezvous(cfg, env: Mapping[str, str], slot: ExternalSlot) -> Tuple[str, i
         return _configured(cfg, slot, cfg.rendezvous_addr, cfg.rendezvous_port)
     if slot.starter == torchrun.STARTER and torchrun.uses_agent_store(env):
         master = (env["MASTER_ADDR"], env_int(env, "MASTER_PORT"))
+        # One host (every rank local): the store rank 0 serves listens on loopback only, and says so.
+        one_host = env.get("LOCAL_WORLD_SIZE") == env.get("WORLD_SIZE")
         return torchrun.meet(slot.rank, slot.size, slot.job_id, master, cfg.start_timeout,
-                             lambda secret: (master[0], _serve_fresh(secret)),
+                             lambda secret: ("127.0.0.1", _serve("127.0.0.1", 0, secret)) if one_host else
+                             (master[0], _serve_fresh(secret)),
                              secret_from_hex(cfg.secret_key) if cfg.secret_key else None)
     if "MASTER_ADDR" in env and "MASTER_PORT" in env and slot.starter in (torchrun.STARTER, TORCH_STYLE):
         return _configured(cfg, slot, env["MASTER_ADDR"], env_int(env, "MASTER_PORT"))
