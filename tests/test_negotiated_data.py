@@ -9,6 +9,13 @@ import numpy as np
 import pytest
 
 from horovod.testing import spawn_ranks
+from horovod.testing.fixtures import world_sizes
+
+NEGOTIATIONS = ("peer", "star", "tree")
+# The sizes each negotiation meets in make test (the tree's relays need 14 ranks); --world-sizes (make soak) runs
+# every negotiation at those sizes instead.
+DEFAULT_CASES = [("peer", 2), ("peer", 3), ("star", 3), ("star", 5), ("tree", 3), ("tree", 14)]
+CASES = [(negotiation, n) for n in world_sizes(default=()) for negotiation in NEGOTIATIONS] or DEFAULT_CASES
 
 
 def _inputs(rank, count, seed):
@@ -66,8 +73,7 @@ def _small_and_large():
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("negotiation,size", [("peer", 2), ("peer", 3), ("star", 3), ("star", 5), ("tree", 3),
-                                              ("tree", 14)])
+@pytest.mark.parametrize("negotiation,size", CASES)
 def test_allreduces_that_travel_with_the_negotiation_match_numpy_and_agree_bitwise(negotiation, size):
     # Under star and tree negotiation the data goes to rank 0 with the messages (up the tree) and the results rank 0
     # folded come back with the reply. At 14 ranks under the tree ranks 1-4 relay, and fold their subtrees' on the
@@ -102,7 +108,7 @@ def _joined_partner():
     import numpy as np
     import horovod.numpy as hvd
     hvd.init()
-    if hvd.rank() == 1:
+    if hvd.rank() == hvd.size() - 1:
         last = hvd.join()
         value = None
     else:
@@ -113,8 +119,11 @@ def _joined_partner():
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("negotiation", ["peer", "star", "tree"])
-def test_a_joined_rank_sends_no_data_and_contributes_zeros(negotiation):
-    results = spawn_ranks(_joined_partner, 2, timeout=60, env={"HOROVOD_NEGOTIATION": negotiation})
-    assert results[0][0] == [5.0, 1.0]
-    assert results[0][1] == results[1][1] == 0
+@pytest.mark.parametrize("negotiation", NEGOTIATIONS)
+@pytest.mark.parametrize("size", [n for n in world_sizes() if n > 1])     # one rank has no partner
+def test_a_joined_rank_sends_no_data_and_contributes_zeros(negotiation, size):
+    # The last rank joins at once; the others allreduce without it, then join: one of them joins last.
+    results = spawn_ranks(_joined_partner, size, timeout=60, env={"HOROVOD_NEGOTIATION": negotiation})
+    assert [value for value, _ in results[:-1]] == [[5.0 * (size - 1), size - 1.0]] * (size - 1)
+    lasts = {last for _, last in results}
+    assert len(lasts) == 1 and lasts.pop() in range(size - 1), results

@@ -1,4 +1,9 @@
-"""Negotiation, response cache and fusion planning: pure logic, no processes."""
+"""Negotiation, response cache and fusion planning: pure logic, no processes.
+
+The coordinator cases marked with the argument ``world`` hold at any number of ranks and run at each of
+horovod.testing.fixtures.world_sizes (2 and 3; 5 and 8 in make soak); the others spell out one exchange between
+two or three ranks, message by message.
+"""
 
 import pytest
 
@@ -27,17 +32,19 @@ def names(batches):
     return [[n for r in b for n in r.names] for b in batches]
 
 
-def test_ready_only_when_every_rank_submitted():
-    c = coordinator(3)
-    batches, stop, _, _ = c.step([msg(req("a")), msg(), msg(req("a"))], now=0.0)
+def test_ready_only_when_every_rank_submitted(world):
+    c = coordinator(world)
+    late = world // 2      # a rank in the middle submits last
+    batches, stop, _, _ = c.step([msg() if r == late else msg(req("a")) for r in range(world)], now=0.0)
     assert batches == [] and not stop
-    batches, _, _, _ = c.step([msg(), msg(req("a")), msg()], now=0.1)
+    batches, _, _, _ = c.step([msg(req("a")) if r == late else msg() for r in range(world)], now=0.1)
     assert names(batches) == [["a"]]
 
 
-def test_ranks_may_submit_in_any_order_and_ready_tensors_fuse():
-    c = coordinator(2)
-    batches, _, _, _ = c.step([msg(req("a"), req("b")), msg(req("b"), req("a"))], now=0.0)
+def test_ranks_may_submit_in_any_order_and_ready_tensors_fuse(world):
+    c = coordinator(world)
+    orders = [msg(req("a"), req("b")) if r % 2 == 0 else msg(req("b"), req("a")) for r in range(world)]
+    batches, _, _, _ = c.step(orders, now=0.0)
     assert names(batches) == [["a", "b"]]
 
 
@@ -69,13 +76,16 @@ def test_groups_stay_together_and_wait_for_each_other():
     ("op", dict(reduce_op=ReduceOp.MAX), "reduce op"),
     ("prescale", dict(prescale=2.0), "prescale factor"),
 ])
-def test_mismatch_names_tensor_field_and_ranks(field, kwargs, text):
-    c = coordinator(2)
-    batches, _, _, _ = c.step([msg(req("t")), msg(req("t", **kwargs))], now=0.0)
+def test_mismatch_names_tensor_field_and_ranks(field, kwargs, text, world):
+    if world < 2:
+        pytest.skip("one rank: nothing to mismatch with")
+    c = coordinator(world)
+    odd = world - 1        # the last rank differs
+    batches, _, _, _ = c.step([msg(req("t", **kwargs)) if r == odd else msg(req("t")) for r in range(world)], 0.0)
     (response,), = batches
     assert response.op == OpType.ERROR
     assert "'t'" in response.error and text in response.error
-    assert "rank 0" in response.error and "rank 1" in response.error
+    assert "rank 0" in response.error and f"rank {odd}" in response.error
 
 
 def test_broadcast_root_mismatch():
@@ -111,18 +121,22 @@ def test_join_makes_allreduce_ready_and_rejects_allgather():
     assert batches[-1][0].op == OpType.JOIN and batches[-1][0].last_joined == 1
 
 
-def test_shutdown_flag_from_any_rank():
-    c = coordinator(2)
-    _, stop, _, _ = c.step([msg(), msg(shutdown=True)], 0.0)
-    assert stop
+def test_shutdown_flag_from_any_rank(world):
+    for flagged in range(world):
+        c = coordinator(world)
+        _, stop, _, _ = c.step([msg(shutdown=r == flagged) for r in range(world)], 0.0)
+        assert stop, flagged
 
 
-def test_stall_report_names_missing_ranks_and_shutdown_time_fails_tensor():
-    c = coordinator(3, stall_warning=5.0, stall_shutdown=10.0)
-    c.step([msg(req("s")), msg(), msg(req("s"))], now=0.0)
-    _, _, reports, _ = c.step([msg(), msg(), msg()], now=6.0)
-    assert [(r.name, r.missing_ranks) for r in reports] == [("s", (1,))]
-    batches, _, _, _ = c.step([msg(), msg(), msg()], now=11.0)
+def test_stall_report_names_missing_ranks_and_shutdown_time_fails_tensor(world):
+    if world < 2:
+        pytest.skip("one rank: nobody to wait for")
+    c = coordinator(world, stall_warning=5.0, stall_shutdown=10.0)
+    missing = tuple(range(1, world, 2))     # the odd ranks never submit
+    c.step([msg() if r in missing else msg(req("s")) for r in range(world)], now=0.0)
+    _, _, reports, _ = c.step([msg()] * world, now=6.0)
+    assert [(r.name, r.missing_ranks) for r in reports] == [("s", missing)]
+    batches, _, _, _ = c.step([msg()] * world, now=11.0)
     assert batches[0][0].op == OpType.ERROR and "stalled" in batches[0][0].error
 
 
