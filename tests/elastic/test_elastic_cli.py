@@ -113,3 +113,16 @@ def test_horovod_run_with_min_np_runs_elastically(tmp_path):
     import horovod
     results = horovod.run(_elastic_task, args=(str(tmp_path),), np=2, min_np=1, hosts="127.0.0.1:1,127.0.0.2:1")
     assert results == [(0, 2, 3), (1, 2, 3)]
+
+
+def _rank_from_env():
+    from horovod.runner.common.util.env import get_env_rank_and_size
+    return get_env_rank_and_size()
+
+
+def test_elastic_run_without_init_returns_every_rank_in_rank_order():
+    """A function that never calls hvd.init() (Horovod's test_elastic_run.py) reports under the rank it was started
+    with: every rank's value comes back, in rank order (each used to publish under rank 0, leaving one)."""
+    import horovod
+    results = horovod.run(_rank_from_env, num_proc=2, min_num_proc=2, max_num_proc=2, hosts="localhost:2,127.0.0.1:2")
+    assert results == [(0, 2), (1, 2)]

@@ -10,7 +10,8 @@ import sys
 
 import cloudpickle
 
-from horovod.runner.run_task import FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE, capture, client_from_env, dumps_outcome
+from horovod.runner.run_task import (FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE, capture, client_from_env, dumps_outcome,
+                                     task_rank)
 
 
 __all__ = ["main"]
@@ -24,7 +25,9 @@ def main() -> int:
     if isinstance(outcome.error, SystemExit) and not outcome.error.code:
         return 0
     from horovod.runtime import basics   # the function ran here: Horovod is loaded already
-    rank = basics.rank() if basics.is_initialized() else 0
+    # The rank of the final round when the function initialised Horovod (a reset may renumber workers), else the
+    # rank this worker was started with: a function that never calls hvd.init() still reports under its own rank.
+    rank = basics.rank() if basics.is_initialized() else task_rank()
     outcome = type(outcome)(rank, outcome.value, outcome.error, outcome.error_repr, outcome.traceback)
     client.put(RESULT_SCOPE, str(rank), dumps_outcome(outcome))
     if outcome.failed:
