@@ -7,6 +7,12 @@ also registers their gradients); this package adds ``DistributedGradientTape``, 
 Importing it starts nothing; ``hvd.init()`` does.
 """
 
+try:
+    import tensorflow as _framework  # noqa: F401
+except ImportError as _error:
+    from horovod.common.extras import install_hint
+    raise ImportError(f"horovod.tensorflow needs tensorflow: {install_hint('tensorflow')}") from _error
+
 from horovod.runtime import binding_api
 from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
                                          ProcessSet, Product, Sum, TensorMismatchError, add_process_set, ccl_built,

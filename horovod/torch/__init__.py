@@ -7,6 +7,14 @@ parameter/optimizer-state broadcast (:mod:`.functions`) and ``SyncBatchNorm``. I
 ``hvd.init()`` does.
 """
 
+try:
+    import torch as _framework  # noqa: F401
+except ImportError as _error:
+    from horovod.common.extras import install_hint
+    raise ImportError(f"horovod.torch needs torch: {install_hint('torch')}; on a machine without a GPU, torch's "
+                      f"CPU-only wheel (PyTorch's CPU wheel index) is a tenth of the size; docs/gpu.md says what a "
+                      f"GPU needs") from _error
+
 from horovod.runtime import binding_api
 from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,
                                          ProcessSet, Product, Sum, TensorMismatchError, add_process_set, ccl_built,
