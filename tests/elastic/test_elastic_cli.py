@@ -1,7 +1,8 @@
 """Elastic jobs under the real horovodrun, with loopback addresses as hosts (tier: cli).
 
 Membership changes are driven by editing the discovery script's output or killing a worker; every wait is for a
-marker file or the launcher's exit, bounded.
+marker file or the launcher's exit, bounded. The tests taking ``world`` run on that many hosts (one slot each) at
+each of horovod.testing.fixtures.world_sizes (2 and 3; 5 and 8 in make soak).
 """
 
 import os
@@ -30,24 +31,31 @@ def check_history(finals, epochs, n=N, workers=3):
     return rank0
 
 
-def test_killed_worker_training_goes_on_and_its_host_returns_after_cooldown(elastic_run):
-    run = elastic_run(["127.0.0.1", "127.0.0.2"],
-                      ["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "1", "2"],
-                      {"ELASTIC_TEST_HOLD": "1:2", "ELASTIC_TEST_WAIT": "2@3"})
-    held = run.wait_for("hold.*", count=2)
-    victim = [name for name in held if name.startswith("hold.127.0.0.2.")][0]
+def hosts(n):
+    return [f"127.0.0.{i + 1}" for i in range(n)]
+
+
+def test_killed_worker_training_goes_on_and_its_host_returns_after_cooldown(elastic_run, world):
+    if world < 2:
+        pytest.skip("one host: no survivor to go on")
+    last = hosts(world)[-1]     # its worker is killed
+    run = elastic_run(hosts(world), ["-np", str(world), "--min-np", "1", "--blacklist-cooldown-range", "1", "2"],
+                      {"ELASTIC_TEST_HOLD": "1:2", "ELASTIC_TEST_WAIT": f"{world}@3"})
+    held = run.wait_for("hold.*", count=world)
+    victim = [name for name in held if name.startswith(f"hold.{last}.")][0]
     os.kill(int(victim.rsplit(".", 1)[1]), signal.SIGKILL)
     run.release()
     assert run.finish() == 0, run.log()
     finals = run.finals()
-    rank0 = check_history(finals, 4)
-    assert rank0["sizes"] == {"0": 2, "1": 1, "2": 1, "3": 2}, rank0
-    returned = [k for k in finals if k.startswith("127.0.0.2.")]
+    rank0 = check_history(finals, 4, workers=world)
+    assert rank0["sizes"] == {"0": world, "1": world - 1, "2": world - 1, "3": world}, rank0
+    returned = [k for k in finals if k.startswith(f"{last}.")]
     assert returned and returned[0] != victim[len("hold."):], "the blacklisted host did not come back"
-    assert "host 127.0.0.2 is blacklisted for" in run.log()
+    assert f"host {last} is blacklisted for" in run.log()
 
 
 def test_added_host_joins_receives_the_state_and_trains_then_a_removed_host_leaves(elastic_run):
+    # One host, then two, then one: the smallest job that grows and shrinks (the sizes are the scenario).
     run = elastic_run(["127.0.0.1"], ["-np", "1", "--min-np", "1", "--max-np", "3"],
                       {"ELASTIC_TEST_WAIT": "2@1,1@2"})
     run.wait_for("waiting.2.*")
@@ -68,8 +76,8 @@ def test_added_host_joins_receives_the_state_and_trains_then_a_removed_host_leav
     assert "ended with" not in log, "a worker failed: the removal was not graceful"
 
 
-def test_every_worker_failing_ends_the_job_with_the_reason(elastic_run):
-    run = elastic_run(["127.0.0.1", "127.0.0.2"], ["-np", "2", "--min-np", "1"], {"ELASTIC_TEST_FAIL_AT": "1"})
+def test_every_worker_failing_ends_the_job_with_the_reason(elastic_run, world):
+    run = elastic_run(hosts(world), ["-np", str(world), "--min-np", "1"], {"ELASTIC_TEST_FAIL_AT": "1"})
     assert run.finish() == 1
     log = run.log()
     assert "failing on purpose" in log
@@ -81,6 +89,7 @@ def test_every_worker_failing_ends_the_job_with_the_reason(elastic_run):
     (["--min-np", "2", "--elastic-timeout", "1"], "Timed out waiting for minimum number of slots"),
 ])
 def test_limits_end_the_job_with_their_message(elastic_run, flags, message):
+    # Two hosts, one lost: a limit (resets, the minimum of two) is what ends the job, at any size alike.
     run = elastic_run(["127.0.0.1", "127.0.0.2"], ["-np", "2", *flags] + ([] if "--min-np" in flags else
                                                                            ["--min-np", "1"]),
                       {"ELASTIC_TEST_HOLD": "0:1"})
@@ -109,10 +118,11 @@ def _elastic_task(out_dir):
     return train(state)
 
 
-def test_horovod_run_with_min_np_runs_elastically(tmp_path):
+def test_horovod_run_with_min_np_runs_elastically(tmp_path, world):
     import horovod
-    results = horovod.run(_elastic_task, args=(str(tmp_path),), np=2, min_np=1, hosts="127.0.0.1:1,127.0.0.2:1")
-    assert results == [(0, 2, 3), (1, 2, 3)]
+    results = horovod.run(_elastic_task, args=(str(tmp_path),), np=world, min_np=1,
+                          hosts=",".join(f"{host}:1" for host in hosts(world)))
+    assert results == [(rank, world, 3) for rank in range(world)]
 
 
 def _rank_from_env():
