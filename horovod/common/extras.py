@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import List
 
-__all__ = ["DISTRIBUTION", "extra_requirements", "install_hint"]
+__all__ = ["DISTRIBUTION", "extra_requirements", "install_hint", "require_framework"]
 
 DISTRIBUTION = "horovod-py"
 
@@ -45,3 +45,18 @@ def install_hint(extra: str) -> str:
     return (f"{first}horovod-py's {extra!r} extra: pip install -e '.[{extra}]' in a checkout of horovod-py, or "
             f"pip install 'horovod_py-{__version__}-py3-none-any.whl[{extra}]' with a wheel"
             f"{')' if packages else ''}")
+
+
+def require_framework(framework: str, binding: str, extra: str, note: str = "") -> None:
+    """Import ``framework`` for ``binding``, or raise an ImportError that says what to install (``note`` after the
+    hint): a bare ``No module named 'torch'`` from deep inside a binding tells a new user nothing.
+
+    Raises:
+        ImportError: the framework is missing.
+    """
+    import importlib
+
+    try:
+        importlib.import_module(framework)
+    except ImportError as error:
+        raise ImportError(f"{binding} needs {framework}: {install_hint(extra)}{note}") from error

@@ -11,11 +11,9 @@ an optax ``DistributedOptimizer``, ``broadcast_parameters``/``broadcast_optimize
 Needs the ``jax`` extra (jax and optax): ``pip install -e '.[jax]'`` in a checkout, ``'<wheel>[jax]'`` with a wheel.
 """
 
-try:
-    import jax as _jax  # noqa: F401
-except ImportError as _error:  # pragma: no cover - exercised by a test that hides jax
-    from horovod.common.extras import install_hint
-    raise ImportError(f"horovod.jax needs JAX: {install_hint('jax')}") from _error
+from horovod.common.extras import require_framework
+
+require_framework("jax", "horovod.jax", "jax")
 
 from horovod.runtime import binding_api
 from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,

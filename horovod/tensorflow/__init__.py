@@ -7,11 +7,9 @@ also registers their gradients); this package adds ``DistributedGradientTape``, 
 Importing it starts nothing; ``hvd.init()`` does.
 """
 
-try:
-    import tensorflow as _framework  # noqa: F401
-except ImportError as _error:
-    from horovod.common.extras import install_hint
-    raise ImportError(f"horovod.tensorflow needs tensorflow: {install_hint('tensorflow')}") from _error
+from horovod.common.extras import require_framework
+
+require_framework("tensorflow", "horovod.tensorflow", "tensorflow")
 
 from horovod.runtime import binding_api
 from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,

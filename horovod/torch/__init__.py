@@ -7,13 +7,11 @@ parameter/optimizer-state broadcast (:mod:`.functions`) and ``SyncBatchNorm``. I
 ``hvd.init()`` does.
 """
 
-try:
-    import torch as _framework  # noqa: F401
-except ImportError as _error:
-    from horovod.common.extras import install_hint
-    raise ImportError(f"horovod.torch needs torch: {install_hint('torch')}; on a machine without a GPU, torch's "
-                      f"CPU-only wheel (PyTorch's CPU wheel index) is a tenth of the size; docs/gpu.md says what a "
-                      f"GPU needs") from _error
+from horovod.common.extras import require_framework
+
+require_framework("torch", "horovod.torch", "torch",
+                  "; on a machine without a GPU, torch's CPU-only wheel (PyTorch's CPU wheel index) is a "
+                  "tenth of the size; docs/gpu.md says what a GPU needs")
 
 from horovod.runtime import binding_api
 from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min,

@@ -8,11 +8,9 @@ Horovod's Keras API returns ``backend.get_value`` results); use :mod:`horovod.te
 
 from __future__ import annotations
 
-try:
-    import keras as _framework  # noqa: F401
-except ImportError as _error:
-    from horovod.common.extras import install_hint
-    raise ImportError(f"horovod.tensorflow.keras needs keras: {install_hint('tensorflow')}") from _error
+from horovod.common.extras import require_framework
+
+require_framework("keras", "horovod.tensorflow.keras", "tensorflow")
 
 
 from typing import Optional
