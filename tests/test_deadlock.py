@@ -5,6 +5,8 @@ Tier unit: the coordinator's decisions on plain messages. Tier ranks: the sequen
 joins at 3 ranks that hung (default settings), and names that drifted apart at 2 and 3 ranks.
 """
 
+import os
+import re
 import time
 
 import pytest
@@ -150,8 +152,13 @@ def test_different_collective_sequences_fail_on_every_rank(world):
         assert all(f"rank {r} waits for allgather.noname.0" in error for r in range(1, world)), (rank, error)
         # Half the stall time (2 s): 2.0-2.6 s measured here on two cores, beside two busy processes too.
         assert 1.9 < waited < 8 and after == [float(world)], (rank, waited, after)
-        # Each rank's error carries its own threads' stacks: its caller blocked in the collective among them.
-        assert "Stacks of this rank's process" in error and "_different_sequences" in error, (rank, error[-2000:])
+        # Each rank's error names, in one line, a file of its own threads' stacks: its blocked caller among them.
+        named = re.search(r"Thread stacks of this process \(pid \d+ on [^)]+\): (\S+)$", error, re.M)
+        assert named and len(error.splitlines()) == 2, (rank, error[-2000:])
+        with open(named.group(1)) as stacks:
+            text = stacks.read()
+        os.unlink(named.group(1))
+        assert "Stacks of this rank's process" in text and "_different_sequences" in text, (rank, text[-2000:])
 
 
 def _local_error_then_barrier():

@@ -142,6 +142,24 @@ def test_diagnosis_prefers_the_rank_that_raised_over_earlier_consequences():
 
 
 @pytest.mark.unit
+def test_a_deadlock_report_names_every_rank_once_and_agrees_with_the_first_exit():
+    # Both ranks raise the same deadlock error (each naming its own stacks' file); rank 1 raised first, rank 0 exited
+    # first. The report: one traceback, Horovod's block and the root cause naming the same rank, no rank repeated.
+    message = "Deadlock: for 31 s ... (rank 0 waits for allreduce.a; rank 1 waits for allreduce.b)"
+    records = [FailureRecord(r, 9.0 + (1 - r) * 0.1, "TensorMismatchError",
+                             f"{message}\nThread stacks of this process (pid {r}): /tmp/s{r}.txt",
+                             f"Traceback...\nTensorMismatchError: {message}\nThread stacks ...: /tmp/s{r}.txt\n")
+               for r in (0, 1)]
+    result = JobResult((_exit(0, 1, 9.5), _exit(1, 1, 9.6)), first_failure=_exit(0, 1, 9.5))
+    text = summary(result, records)
+    assert [line for line in text.splitlines() if line.startswith("Root cause")] == \
+        ["Root cause, rank 0 (ranks 0 and 1 raised alike):",
+         f"Root cause: ranks 0 and 1 all raised TensorMismatchError: {message}."], text
+    assert "Process name: 0\n" in text and "The first process to do so was" in text and "failed too" not in text
+    assert text.count("Thread stacks") == 1 and len(text.splitlines()) == 10, text
+
+
+@pytest.mark.unit
 def test_when_two_ranks_raise_the_earliest_raise_is_the_root_cause():
     # rank 1 raised first (9.0) but lingered; rank 0 raised its own error later (9.4) and exited first, rank 2 failed
     # as a consequence. Neither the first exit nor the latest raise is the cause: the earliest raise is.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -74,7 +75,7 @@ class Executor:
             fatal = response.payload == (FATAL_ERROR,)
             text = response.error
             if text.startswith(DEADLOCK_PREFIX):
-                text += "\n" + _thread_stacks()      # every rank raises it with its own stacks: all of them shown
+                text += "\n" + _thread_stacks()      # every rank raises it naming the file of its own stacks
             complete(state, entries, error=(HorovodInternalError if fatal else TensorMismatchError)(text))
             return
         if response.op == OpType.JOIN:
@@ -138,13 +139,22 @@ class Executor:
 
 def _thread_stacks() -> str:
     """This process's Python threads and where each one is (a line per frame, outermost first), for a deadlock's
-    error: the caller blocked in the collective is among them (it may be running the loop itself)."""
+    error, written to a file of their own (readable by this user only) so that the error stays a few lines: the
+    one line returned names the file. The caller blocked in the collective is among them (it may be running the
+    loop itself)."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
-    parts = [f"Stacks of this rank's process (pid {os.getpid()} on {os.uname().nodename}):"]
+    where = f"pid {os.getpid()} on {os.uname().nodename}"
+    parts = [f"Stacks of this rank's process ({where}):"]
     for ident, frame in sys._current_frames().items():
         parts.append(f"  thread {names.get(ident, ident)}:")
         parts.extend(f"    {entry.filename}:{entry.lineno} in {entry.name}" for entry in traceback.extract_stack(frame))
-    return "\n".join(parts)
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"horovod-stacks-{os.getpid()}-", suffix=".txt")
+        with os.fdopen(fd, "w") as out:
+            out.write("\n".join(parts) + "\n")
+    except OSError as exc:       # no writable temporary directory: say so in the same one line
+        return f"Thread stacks of this process ({where}) could not be written to a file: {exc}"
+    return f"Thread stacks of this process ({where}): {path}"
 
 
 def complete(state: SetState, entries: Dict[str, Entry], results: Optional[Dict[str, Any]] = None,

@@ -6,7 +6,8 @@ may still be shutting down when a survivor, whose collective ended with ``Horovo
 already exited. :func:`diagnose` decides, by these rules, in order:
 
 1. a rank that raised anything but ``HorovodInternalError``, or whose own engine thread failed (the earliest such
-   report), is the root cause;
+   report), is the root cause; when several ranks raised the same error (every rank of a deadlock), all of them
+   are, named together and represented by the one the launcher saw exit first;
 2. else a rank that failed without reporting (killed by a signal, ``sys.exit(1)``) and that the launcher saw fail
    first is the root cause;
 3. else, when a rank exited normally, the job failed because that rank finished while the others still waited
@@ -49,12 +50,15 @@ class Diagnosis:
     waiter: Optional[FailureRecord] = None  # for ``finished``: the first rank left waiting
     absent: Tuple[Tuple[int, str], ...] = ()  # for ``unregistered``: every such rank with its host
     said: str = ""                          # for ``died`` and ``failed`` without a record: the traceback it printed
+    alike: Tuple[int, ...] = ()             # for ``raised``: every rank that raised the same error (a deadlock)
 
     def headline(self) -> str:
         """One line saying what happened."""
         host = f" on {self.exit.hostname}" if self.exit else ""
+        if self.kind == "raised" and len(self.alike) > 1:
+            return f"ranks {_ranks(self.alike)} all raised {_first_line(self.record.headline())}"
         if self.kind == "raised":
-            return f"rank {self.rank}{host} raised {self.record.headline()}"
+            return f"rank {self.rank}{host} raised {_first_line(self.record.headline())}"
         if self.kind == "finished":
             waited = f" for {self.waiter.waiting_for}" if self.waiter and self.waiter.waiting_for else ""
             waiter = f" while rank {self.waiter.rank} waited{waited}" if self.waiter else " while others waited"
@@ -77,7 +81,7 @@ class Diagnosis:
                     f"timeout: they did not reach hvd.init(), or could not reach the launcher (as rank "
                     f"{self.record.rank} reported)")
         how = self.exit.describe() if self.exit else "an unknown status"
-        what = f": {self.record.headline()}" if self.record else f": {_last_line(self.said)}" if self.said else ""
+        what = f": {_first_line(self.record.headline())}" if self.record else f": {_last_line(self.said)}" if self.said else ""
         return f"rank {self.rank}{host} ended with {how}{what}"
 
 
@@ -102,9 +106,9 @@ def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Di
     failures = _failures(records)
     exits = {e.rank: e for e in result.exits}
     raised = sorted((r for r in failures.values() if not r.consequence), key=lambda r: r.time)
-    if raised:
-        return Diagnosis(raised[0].rank, "raised", exits.get(raised[0].rank), raised[0])
     first = result.first_failure
+    if raised:
+        return _raised(raised, exits, first)
     if first is None:
         return None
     if first.rank not in failures:
@@ -136,6 +140,27 @@ def diagnose(result: JobResult, records: Iterable[FailureRecord]) -> Optional[Di
                      said="" if record is not None else _traceback_in(result.tails.get(first.rank, "")))
 
 
+def _raised(raised: List[FailureRecord], exits: Dict[int, WorkerExit], first: Optional[WorkerExit]) -> Diagnosis:
+    """The earliest rank that raised; when several raised the same error (every rank of a deadlock, a mismatch),
+    all of them, represented by the one the launcher saw exit first so that Horovod's block names the same rank."""
+    alike = [r for r in raised if (r.exc_type, _first_line(r.message)) ==
+             (raised[0].exc_type, _first_line(raised[0].message))]
+    pick = next((r for r in alike if first is not None and r.rank == first.rank), raised[0])
+    ranks = tuple(sorted(r.rank for r in alike)) if len(alike) > 1 else ()
+    return Diagnosis(pick.rank, "raised", exits.get(pick.rank), pick, alike=ranks)
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    """``0, 1 and 2``."""
+    words = [str(r) for r in ranks]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _first_line(text: str) -> str:
+    """A report's first line: a deadlock's error goes on with the line naming its stacks' file."""
+    return text.split("\n", 1)[0].rstrip()
+
+
 def _traceback_in(tail: str) -> str:
     """The last Python traceback in a rank's stderr, else its last few lines (a syntax error, or a script that
     does not exist, prints no traceback); "" when it wrote nothing."""
@@ -164,7 +189,8 @@ def _unregistered(record: FailureRecord) -> List[int]:
 
 def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     """What ``horovodrun`` prints after a failed job: the root cause's traceback first, then Horovod's summary naming
-    that rank, then one line per rank that failed as a consequence."""
+    that rank, then one line per other rank that failed (each once, its first line only: a deadlock's stacks are in
+    the file its error names)."""
     records = list(records)
     verdict = diagnose(result, records)
     if verdict is None:
@@ -172,7 +198,8 @@ def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     lines = []
     if verdict.record is not None and verdict.record.traceback and verdict.kind not in ("lost", "stuck",
                                                                                        "unregistered"):
-        lines.append(f"Root cause, rank {verdict.rank}:\n{verdict.record.traceback.rstrip()}\n")
+        alike = f" (ranks {_ranks(verdict.alike)} raised alike)" if verdict.alike else ""
+        lines.append(f"Root cause, rank {verdict.rank}{alike}:\n{verdict.record.traceback.rstrip()}\n")
     elif verdict.said:
         lines.append(f"Root cause, rank {verdict.rank}:\n{verdict.said}\n")
     # Horovod's block names the root cause's process (and says so when it is not the first that exited non-zero),
@@ -181,9 +208,10 @@ def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     if exit_ is not None:
         lines.append(failure_message(exit_, first=exit_ == result.first_failure).rstrip("\n"))
     lines.append(f"Root cause: {verdict.headline()}.")
-    others = [r for r in sorted(_failures(records).values(), key=lambda r: r.time) if r.rank != verdict.rank]
+    others = [r for r in sorted(_failures(records).values(), key=lambda r: r.time)
+              if r.rank != verdict.rank and r.rank not in verdict.alike]
     for record in others:
         why = "as a consequence" if record.consequence else "too"
         waited = f" (waiting for {record.waiting_for})" if record.waiting_for else ""
-        lines.append(f"  rank {record.rank} failed {why}{waited}: {record.headline()}")
+        lines.append(f"  rank {record.rank} failed {why}{waited}: {_first_line(record.headline())}")
     return "\n".join(lines) + "\n"

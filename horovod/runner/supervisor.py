@@ -236,7 +236,8 @@ class Supervisor:
                 # Which rank failed first is the summary's to say, once every report is in: the first to exit
                 # is often a survivor of another rank's failure.
                 self._log(f"Process {key} exit with status code {returncode}.")
-                self._log("Terminating remaining workers; the root cause follows once they have ended.")
+                self._log("Terminating remaining workers; the root cause (which need not be the first process "
+                          "to exit) follows once they have ended.")
                 state.term_at = time.monotonic() + self.settle_seconds
         self._reap()
         exits = tuple(state.exits[k] for k in sorted(state.exits))
