@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 from dataclasses import replace
 from typing import Any, List, Optional, Sequence
 
@@ -46,6 +47,19 @@ def _recording(fn):
                 state.last_error = error
             raise
     return call
+
+
+class _QuietHorovodCallbackErrors(logging.Filter):
+    """JAX logs every exception a host callback raises, with its traceback, before handing it to the caller. A
+    Horovod error from a collective reaches the caller anyway (:func:`horovod_error_behind`), where an elastic run
+    catches it and recovers: its log record would only put a traceback into a run that succeeded. Only records
+    whose exception is a Horovod error are dropped; everything else JAX logs, and the user's own output, passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], HorovodError))
+
+
+logging.getLogger("jax._src.callback").addFilter(_QuietHorovodCallbackErrors())
 
 
 def horovod_error_behind(error: BaseException) -> Optional[HorovodError]:

@@ -43,6 +43,9 @@ def test_elastic_example_trains_through_a_killed_worker():
     assert sorted(f[1:3] for f in finals) == [("0", "2"), ("1", "2")], log[-3000:]
     assert len({f[3] for f in finals}) == 1, "the survivors' parameters differ"
     assert float(finals[0][0]) > 50.0
+    # A run that recovered and exited 0 is quiet: the lost peer's HorovodInternalError, caught by hvd.elastic.run,
+    # is not logged with a traceback by JAX's host-callback machinery.
+    assert "Traceback" not in log and "io_callback failed" not in log, log[-5000:]
 
 
 @pytest.mark.unit
