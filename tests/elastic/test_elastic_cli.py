@@ -39,15 +39,16 @@ def test_killed_worker_training_goes_on_and_its_host_returns_after_cooldown(elas
     if world < 2:
         pytest.skip("one host: no survivor to go on")
     last = hosts(world)[-1]     # its worker is killed
+    n = max(N, 6 * world)       # three batches a worker: every worker reaches the hold at batch 2
     run = elastic_run(hosts(world), ["-np", str(world), "--min-np", "1", "--blacklist-cooldown-range", "1", "2"],
-                      {"ELASTIC_TEST_HOLD": "1:2", "ELASTIC_TEST_WAIT": f"{world}@3"})
+                      {"ELASTIC_TEST_HOLD": "1:2", "ELASTIC_TEST_WAIT": f"{world}@3", "ELASTIC_TEST_N": str(n)})
     held = run.wait_for("hold.*", count=world)
     victim = [name for name in held if name.startswith(f"hold.{last}.")][0]
     os.kill(int(victim.rsplit(".", 1)[1]), signal.SIGKILL)
     run.release()
     assert run.finish() == 0, run.log()
     finals = run.finals()
-    rank0 = check_history(finals, 4, workers=world)
+    rank0 = check_history(finals, 4, n=n, workers=world)
     assert rank0["sizes"] == {"0": world, "1": world - 1, "2": world - 1, "3": world}, rank0
     returned = [k for k in finals if k.startswith(f"{last}.")]
     assert returned and returned[0] != victim[len("hold."):], "the blacklisted host did not come back"
@@ -130,9 +131,10 @@ def _rank_from_env():
     return get_env_rank_and_size()
 
 
-def test_elastic_run_without_init_returns_every_rank_in_rank_order():
+def test_elastic_run_without_init_returns_every_rank_in_rank_order(world):
     """A function that never calls hvd.init() (Horovod's test_elastic_run.py) reports under the rank it was started
     with: every rank's value comes back, in rank order (each used to publish under rank 0, leaving one)."""
     import horovod
-    results = horovod.run(_rank_from_env, num_proc=2, min_num_proc=2, max_num_proc=2, hosts="localhost:2,127.0.0.1:2")
-    assert results == [(0, 2), (1, 2)]
+    results = horovod.run(_rank_from_env, num_proc=world, min_num_proc=world, max_num_proc=world,
+                          hosts=f"localhost:{world},127.0.0.1:{world}")
+    assert results == [(rank, world) for rank in range(world)]
