@@ -21,8 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+try:  # the data set and its split come from scikit-learn, the 'examples' extra
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+except ImportError as missing:
+    raise SystemExit(f"{os.path.basename(__file__)}: {missing}; this example needs scikit-learn: pip install "
+                     f"scikit-learn, or in a checkout horovod-py's extras: pip install -e '.[jax,examples]'") from None
 
 import horovod.jax as hvd
 

@@ -16,8 +16,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+try:  # the data set and its split come from scikit-learn, the 'examples' extra
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+except ImportError as missing:
+    raise SystemExit(f"{os.path.basename(__file__)}: {missing}; this example needs scikit-learn: pip install "
+                     f"scikit-learn, or in a checkout horovod-py's extras: "
+                     f"pip install -e '.[tensorflow,examples]'") from None
 
 import horovod.tensorflow.keras as hvd  # noqa: E402
 

@@ -20,8 +20,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from sklearn.datasets import load_digits, make_classification
-from sklearn.model_selection import train_test_split
+try:  # the data set and its split come from scikit-learn, the 'examples' extra
+    from sklearn.datasets import load_digits, make_classification
+    from sklearn.model_selection import train_test_split
+except ImportError as missing:
+    raise SystemExit(f"{os.path.basename(__file__)}: {missing}; this example needs scikit-learn: pip install "
+                     f"scikit-learn, or in a checkout horovod-py's extras: pip install -e '.[examples]'") from None
 
 import horovod.torch as hvd
 

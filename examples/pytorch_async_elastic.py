@@ -17,7 +17,11 @@ import signal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
+try:  # the data set and its split come from scikit-learn, the 'examples' extra
+    from sklearn.datasets import load_digits
+except ImportError as missing:
+    raise SystemExit(f"{os.path.basename(__file__)}: {missing}; this example needs scikit-learn: pip install "
+                     f"scikit-learn, or in a checkout horovod-py's extras: pip install -e '.[examples]'") from None
 
 import horovod.torch as hvd
 

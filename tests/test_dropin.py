@@ -76,6 +76,10 @@ def test_help_states_units_and_real_defaults(capsys):
     (["-np", "2", "--fusion-treshold-mb", "4", "python", "x.py"], "did you mean --fusion-threshold-mb?"),
     (["-np", "2", "--log-level", "debugg", "python", "x.py"], "did you mean DEBUG?"),
     (["-np", "2", "--mpi-args=x", "python", "x.py"], "--mpi-args needs --mpi"),
+    (["--nproc-per-node", "2", "train.py"], "did you mean -np? -np N is the total number of processes"),
+    (["--nproc_per_node=2", "train.py"], "did you mean -np?"),
+    (["-np", "2", "--nnodes", "2", "train.py"], "did you mean -H? -H host1:N,host2:N or --hostfile FILE"),
+    (["-np", "2", "--master-port", "29500", "train.py"], "horovodrun needs no --master-port: it runs its own"),
 ])
 def test_usage_error_is_one_line_with_a_suggestion(argv, expected, capsys):
     with pytest.raises(SystemExit) as exit_info:
