@@ -45,3 +45,12 @@ def test_run_api_example(tmp_path):
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.search(r"test accuracy by rank: [\d.]+%, [\d.]+%", proc.stdout), proc.stdout
+
+
+@pytest.mark.unit
+def test_digits_example_without_scikit_learn_names_it_and_the_extra():
+    blocked = ("import runpy, sys; sys.modules['sklearn'] = None; sys.argv = ['x']; "
+               f"runpy.run_path({os.path.join(EXAMPLES, 'pytorch_digits.py')!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "needs scikit-learn: pip install scikit-learn" in proc.stderr and "'.[examples]'" in proc.stderr
