@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import math
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -173,6 +174,17 @@ class BayesianSearch:
                                                 f"predicted score {predicted[k]:.4g} (measured {self.tried[k][1]:.4g})")
 
 
+def _say(text: str) -> None:
+    """One line for the person running the job (rank 0's stderr): what autotune does, each phase and its choice."""
+    print(f"horovod autotune: {text}", file=sys.stderr, flush=True)
+
+
+def _describe(point: Dict[str, object]) -> str:
+    parts = [f"{point['fusion_mb']:.3g} MiB" if "fusion_mb" in point else "",
+             f"{point['cycle_ms']:.3g} ms" if "cycle_ms" in point else ""]
+    return ", ".join(p for p in parts if p) or "the fixed settings"
+
+
 # The tuned settings: fusion threshold 0-64 MiB (log scale of MiB + 1), cycle time 1-100 ms (log scale).
 FUSION = Dimension("fusion_mb", 0.0, 64.0, log=True, offset=1.0)
 CYCLE = Dimension("cycle_ms", 1.0, 100.0, log=True)
@@ -201,7 +213,18 @@ class Autotuner:
         self._start: Optional[float] = None
         self.done = False
         self._log_rows: List[str] = []
+        self._announce(config)
         self._decide()
+
+    def _announce(self, config) -> None:
+        fixed = [f"{name} fixed at {value}" for name, value in (("fusion threshold", self.fixed_fusion),
+                                                                 ("cycle time", self.fixed_cycle)) if value is not None]
+        names = {"fusion_mb": "the fusion threshold", "cycle_ms": "the cycle time"}
+        _say(f"tuning {' and '.join(names.get(d.name, d.name) for d in self.search.dims) or 'nothing'} on rank 0"
+             f"{' (' + ', '.join(fixed) + ')' if fixed else ''}: {len(self.search._seeds)} seed points, then a "
+             f"Bayesian search, at most {self.search.max_samples} candidates, each the median of "
+             f"{SAMPLES_PER_CANDIDATE} samples of {self.steps_per_sample} cycles with allreduces (after {self.warmup} "
+             f"warm-up samples); log: {config.autotune_log or 'none (--autotune-log-file)'}")
 
     def _decide(self) -> None:
         decision = self.search.next()
@@ -214,12 +237,40 @@ class Autotuner:
             best = max((s for p, s in self.search.tried if p == decision.point), default=0.0)
             self._log(self.current, best, decision.reason)
             self.done = True
+            _say(f"chose {self.current[0]:.3g} MiB, {self.current[1]:.3g} ms after {len(self.search.tried)} "
+                 f"candidates ({decision.reason})")
+        elif self.search.tried and len(self.search.tried) == len(self.search._seeds):
+            point, score = max(self.search.tried, key=lambda t: t[1])
+            _say(f"the {len(self.search.tried)} seed points are scored (best {_describe(point)}: {score:.4g} "
+                 f"bytes/s); searching with a Gaussian process")
 
-    def _apply(self, point: Dict[str, object]) -> None:
+    def finish(self) -> None:
+        """The job ends: when the search had not settled, say so once, in the log's last row too, with the best
+        point measured (the job ran with the one being scored)."""
+        if self.done:
+            return
+        self.done = True
+        scored, most = len(self.search.tried), self.search.max_samples
+        best = max(self.search.tried, key=lambda t: t[1]) if self.search.tried else None
+        kept = f"the best measured was {_describe(best[0])} ({best[1]:.4g} bytes/s)" if best else "nothing was scored"
+        why = (f"stopped: the job ended before the search settled, after {scored} of at most {most} candidates "
+               f"(each needs {SAMPLES_PER_CANDIDATE} samples of {self.steps_per_sample} cycles with allreduces); "
+               f"{kept}")
+        fusion, cycle = self._values(best[0]) if best else (int(self.current[0] * MIB), self.current[1])
+        self._log((fusion / MIB, cycle), best[1] if best else 0.0, why)
+        _say(f"the search did not finish: {why[len('stopped: '):]}; a longer run, fewer "
+             f"--autotune-bayes-opt-max-samples or --autotune-steps-per-sample finish it")
+
+    def _values(self, point: Dict[str, object]) -> Tuple[int, float]:
+        """``point`` as (fusion threshold in bytes, cycle time in ms), the fixed settings kept."""
         fusion_mb = point.get("fusion_mb", SEEDS[0][0])
         cycle_ms = point.get("cycle_ms", SEEDS[0][1])
         fusion = self.fixed_fusion if self.fixed_fusion is not None else int(round(fusion_mb * MIB))
         cycle = self.fixed_cycle if self.fixed_cycle is not None else round(cycle_ms, 3)
+        return fusion, cycle
+
+    def _apply(self, point: Dict[str, object]) -> None:
+        fusion, cycle = self._values(point)
         self.current = (fusion / MIB, cycle)
         self.apply(fusion, cycle)
 

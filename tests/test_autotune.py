@@ -99,6 +99,30 @@ def test_autotuner_logs_each_try_and_why_it_settled(tmp_path):
 
 
 @pytest.mark.unit
+def test_autotuner_says_what_it_does_each_phase_and_when_the_job_ended_first(tmp_path, capsys):
+    log = tmp_path / "autotune.csv"
+    config = load_config({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
+                          "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
+                          "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "8"})
+    now = [0.0]
+    tuner = Autotuner(config, lambda fusion, cycle: None, clock=lambda: now[0])
+    while len(tuner.search.tried) < 5:      # the seeds and one more: the job then ends mid-search
+        now[0] += (1 << 20) / _throughput(*tuner.current) / 1000
+        tuner.record(1 << 20)
+    tuner.finish()
+    tuner.finish()                          # once only
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and all(line.startswith("horovod autotune: ") for line in lines), lines
+    assert "tuning the fusion threshold and the cycle time on rank 0: 4 seed points" in lines[0] and str(log) in lines[0]
+    assert "the 4 seed points are scored" in lines[1]
+    assert "the search did not finish" in lines[2] and "after 5 of at most 8 candidates" in lines[2]
+    rows = list(csv.reader(log.read_text().splitlines()))
+    assert len(rows) == 1 + 5 + 1 and rows[-1][7].startswith("stopped: the job ended before the search settled")
+    best = max(rows[1:6], key=lambda r: float(r[6]))
+    assert rows[-1][4:7] == best[4:7]
+
+
+@pytest.mark.unit
 def test_time_spent_deciding_is_not_charged_to_the_next_point():
     """A slow decision (the Gaussian-process fit runs on the engine's thread) must not lower the score of the point it
     chose. The objective is flat, but a point's three samples run at 1.0x, 0.9x and 1.1x speed, so its median is

@@ -131,6 +131,8 @@ class Engine:
             if self._thread.is_alive():
                 self.transport.close() if self.transport is not None else None
                 self._thread.join(5.0)
+        if self.autotuner is not None:
+            self.autotuner.finish()         # says whether the search settled, once, on rank 0
 
     def shutting_down(self) -> bool:
         """Whether this rank asked the job to stop."""
