@@ -157,7 +157,7 @@ def allreduce_async(array: np.ndarray, name: Optional[str] = None, op: Optional[
             raise ValueError(f"Adasum needs floating-point tensors, not {dtype}")
     if dtype == "bool" and (reduce_op == Average or prescale_factor != 1.0 or postscale_factor != 1.0):
         raise ValueError("boolean tensors cannot be averaged or scaled; use op=hvd.Sum, Min or Max")
-    if output is not None and output is not array:
+    if output is not None:      # (in place too: a read-only array is refused here, not in the engine)
         _check_output("allreduce", output, array.shape)
     full_name = _full_name or (f"allreduce.{name}" if name else _auto_name("allreduce", process_set))
     request = Request.fast((full_name, OpType.ALLREDUCE, dtype, array.shape, int(reduce_op),
