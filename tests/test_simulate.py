@@ -261,3 +261,27 @@ def test_pooled_runs_are_one_run_of_all_their_repeats(monkeypatch, tmp_path):
     assert curve["runs_us"]["4"] == pytest.approx([33.0, 36.0, 33.0, 36.0]) and curve["rank_cold_us"] == pytest.approx(90.0)
     # The ring of 4's share of a full refill: (34.5 - 30) / (65 - 30).
     assert curve["sharing"][1] == pytest.approx([1.5, 4.5 / 35])
+
+
+@pytest.mark.unit
+def test_the_command_line_refuses_faults_that_cannot_happen_and_runs_every_requested_size(capsys):
+    from horovod.tools.simulate.__main__ import main
+    assert main(["--ranks", "16", "--kill", "3@0.5"]) == 2          # after the workload ended: not "0 killed"
+    assert "--kill 3@0.5 cannot happen in this run: the workload" in capsys.readouterr().err
+    for bad in (["--kill", "30@0.001"], ["--partition", "0.001@2"], ["--ranks", "1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--ranks", "16", *bad] if bad[0] != "--ranks" else bad)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "error:" in err, (bad, err)
+    assert main(["--ranks", "8,12", "--kill", "3@0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1, 8 ranks: 7 failed, 1 killed" in out and "seed 1, 12 ranks: 11 failed, 1 killed" in out, out
+
+
+@pytest.mark.unit
+def test_help_needs_no_greenlet_and_shows_no_markup():
+    code = ("import sys; sys.modules['greenlet'] = None; from horovod.tools.simulate.__main__ import main; "
+            "main(['--help'])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--kill KILL" in proc.stdout, proc.stderr
+    assert "``" not in proc.stdout and ":mod:" not in proc.stdout and "(default: 8,64,512,4096)" in proc.stdout

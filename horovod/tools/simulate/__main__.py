@@ -1,6 +1,13 @@
-"""``python -m horovod.tools.simulate``: the simulated control plane's figures across world sizes (see
-:mod:`horovod.tools.simulate.report`), or one seeded run with faults (``--kill``, ``--partition``, ``--reorder``...)
-that checks the invariants and replays exactly."""
+"""python -m horovod.tools.simulate: the simulated control plane's figures across world sizes, or seeded runs with
+faults that check the invariants and replay exactly.
+
+Without faults, one row of figures per world size (a step's negotiation, the first step with new names, start-up, a
+rank lost mid-step and how soon every survivor knows). With --kill, --partition, --delay, --duplicate or --reorder,
+one run per world size with those faults, checking the invariants (every survivor fails naming the lost rank, no
+collective completes on some ranks only); a fault that cannot happen in the run (a rank or host that does not exist,
+a time after the workload ended) is an error. Needs greenlet: the simulate extra. docs/scaling.md says what is run
+and what is modelled.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +15,29 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import List, Optional, Tuple
 
-from horovod.tools.simulate.job import InvariantViolation, Workload
-from horovod.tools.simulate.report import figures, scenario, table
-from horovod.tools.simulate.world import Faults
+from horovod.runner.usage import HorovodArgumentParser
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m horovod.tools.simulate", description=__doc__)
+    parser = HorovodArgumentParser(prog="python -m horovod.tools.simulate", description=__doc__,
+                                     formatter_class=_Formatter)
     parser.add_argument("--ranks", default="8,64,512,4096", help="world sizes, comma-separated")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="the seed every random draw comes from (same seed, "
+                                                            "same run)")
     parser.add_argument("--steps", type=int, default=4, help="training steps (the first with new names)")
     parser.add_argument("--tensors", type=int, default=20, help="allreduces per step")
     parser.add_argument("--slots", type=int, default=8, help="ranks per host")
     parser.add_argument("--cores", type=int, default=8, help="cores per host")
-    parser.add_argument("--negotiation", default="auto", help="HOROVOD_NEGOTIATION: auto, star or tree")
-    parser.add_argument("--kill", default="", help="one run only: RANK@SECONDS[,RANK@SECONDS...] (virtual time)")
-    parser.add_argument("--partition", default="", help="one run only: SECONDS@HOST (hosts from HOST on are cut off)")
-    parser.add_argument("--delay", type=float, default=0.0, help="one run only: probability a frame is held back")
-    parser.add_argument("--duplicate", type=float, default=0.0, help="one run only: probability a frame comes twice")
+    parser.add_argument("--negotiation", default="auto", choices=("auto", "peer", "star", "tree"),
+                        help="HOROVOD_NEGOTIATION")
+    parser.add_argument("--kill", default="", help="faults: RANK@SECONDS[,RANK@SECONDS...] (virtual time)")
+    parser.add_argument("--partition", default="", help="faults: SECONDS@HOST (hosts from HOST on are cut off)")
+    parser.add_argument("--delay", type=float, default=0.0, help="faults: probability a frame is held back")
+    parser.add_argument("--duplicate", type=float, default=0.0, help="faults: probability a frame comes twice")
     parser.add_argument("--reorder", type=float, default=0.0,
-                        help="one run only: probability a frame is overtaken by later ones of its connection")
+                        help="faults: probability a frame is overtaken by later ones of its connection")
     parser.add_argument("--calibrated", default="",
                         help="bench/scale_control.py's JSON: the costs fitted to its np 2 and 4 (this machine's "
                              "CPU and loopback; across hosts the default link), instead of the first guesses")
@@ -42,14 +51,56 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written (paragraphs), each flag's default after its help (none for an empty one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, "", argparse.SUPPRESS) or action.option_strings == ["-h", "--help"]:
+            return action.help
+        return f"{action.help} (default: %(default)s)"
+
+
+def _faults_given(args) -> bool:
+    return bool(args.kill or args.partition or args.delay or args.duplicate or args.reorder)
+
+
+def _checked(parser: argparse.ArgumentParser, args) -> Tuple[List[int], List[Tuple[float, int]],
+                                                              Optional[Tuple[float, int]]]:
+    """World sizes, kills and partition from the flags; a fault no run could have is a usage error."""
+    try:
+        sizes = [int(n) for n in args.ranks.split(",") if n.strip()]
+        kill = [(float(t), int(r)) for r, t in (item.split("@") for item in args.kill.split(",") if item)]
+        when, host = args.partition.split("@") if args.partition else (None, None)
+        partition = (float(when), int(host)) if args.partition else None
+    except ValueError as exc:
+        parser.error(f"--ranks N,N..., --kill RANK@SECONDS,... and --partition SECONDS@HOST take numbers ({exc})")
+    if not sizes or min(sizes) < 2:
+        parser.error(f"--ranks {args.ranks}: world sizes of at least 2")
+    for when, rank in kill:
+        if rank < 0 or rank >= min(sizes) or when < 0:
+            parser.error(f"--kill {rank}@{when:g}: no rank {rank} at a time >= 0 in a run of {min(sizes)} ranks")
+    hosts = -(-min(sizes) // args.slots)
+    if partition is not None and not (1 <= partition[1] < hosts and partition[0] >= 0):
+        parser.error(f"--partition {args.partition}: HOST must be 1..{hosts - 1} (a run of {min(sizes)} ranks at "
+                     f"--slots {args.slots} has {hosts} host{'s' if hosts > 1 else ''}), SECONDS >= 0")
+    return sizes, kill, partition
+
+
 def main(argv=None) -> int:
     """Run the simulation; 1 when an invariant broke."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     env = {"HOROVOD_NEGOTIATION": args.negotiation}
-    sizes = [int(n) for n in args.ranks.split(",") if n]
+    sizes, kill, partition = _checked(parser, args)
     try:
-        if args.kill or args.partition or args.delay or args.duplicate or args.reorder:
-            return _one_run(args, sizes[0], env)
+        from horovod.tools.simulate.job import InvariantViolation      # (needs greenlet: --help does not)
+        from horovod.tools.simulate.report import figures, table
+    except ImportError as missing:
+        print(f"{parser.prog}: {missing}", file=sys.stderr)
+        return 1
+    try:
+        if _faults_given(args):
+            return max(_one_run(args, size, env, kill, partition) for size in sizes)
         costs = _costs(args.calibrated)
         costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, reinit=args.reinit))
         if args.fold is not None:
@@ -82,13 +133,24 @@ def _costs(results: str):
     return costs
 
 
-def _one_run(args, size: int, env) -> int:
-    kill = [(float(t), int(r)) for r, t in (item.split("@") for item in args.kill.split(",") if item)]
-    partition = tuple(float(x) if i == 0 else int(x) for i, x in enumerate(args.partition.split("@"))) \
-        if args.partition else None
+def _one_run(args, size: int, env, kill, partition) -> int:
+    """One seeded run of ``size`` ranks with the faults; 2 when a fault could not happen in it (it came after the
+    workload ended), so that no one reads "0 killed ... invariants held" as a fault survived."""
+    from horovod.tools.simulate.job import Workload
+    from horovod.tools.simulate.report import scenario
+    from horovod.tools.simulate.world import Faults
+
     faults = Faults(delay=args.delay, duplicate=args.duplicate, reorder=args.reorder, kill=kill, partition=partition)
     job = scenario(size, args.seed, args.slots, args.cores, Workload(args.steps, args.tensors), faults, env)
     failed = [r for r in job.ranks if r.error is not None]
+    missed = [f"--kill {r}@{t:g}" for t, r in kill if r not in job.killed and job.ranks[r].finished]
+    missed += [f"--partition {args.partition}"] if partition is not None and not job.world.cut else []
+    if missed:
+        clean = scenario(size, args.seed, args.slots, args.cores, Workload(args.steps, args.tensors), Faults(), env)
+        print(f"error: seed {args.seed}, {size} ranks: {' and '.join(missed)} cannot happen in this run: the "
+              f"workload ({args.steps} steps of {args.tensors} allreduces) ends at {clean.world.now:.6f} s "
+              f"(virtual) without faults; give an earlier time or more --steps", file=sys.stderr)
+        return 2
     print(f"seed {args.seed}, {size} ranks: {len(failed)} failed, {len(job.killed)} killed, "
           f"{job.world.events_run} events, ended at {job.world.now:.6f} s (virtual); invariants held")
     for rank in failed[:5]:
