@@ -9,7 +9,7 @@ Each job (``horovodrun -np N``, default settings) runs a loop of blocking 4 B al
 the process CPU and the main thread's voluntary context switches (its sleeps) per op; in the tree (above 16 ranks)
 ranks from (N - 1) // 3 + 1 on are leaves, whose work per op is the same at every size. With ``--evict MIB`` each
 rank first times the loop as is, then with MIB MiB of its own memory written before each op (outside the timed
-op): the difference is what an op costs a rank whose data the caches no longer hold. docs/scaling.md reads these.
+op): the difference is what an op costs a rank whose data the caches no longer hold. docs/scaling-notebook.md reads these.
 """
 
 from __future__ import annotations

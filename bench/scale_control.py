@@ -29,7 +29,7 @@ figure of the table is the median over repeats, which go round the sizes in turn
 measures the rendezvous server alone (``server_request_us`` in the JSON's meta): its CPU per request while a client
 process sends it 400 registrations, the simulation's start-up and loss-board cost per request. ``python -m
 horovod.tools.simulate.calibration bench/figures/scale-control.json`` fits the simulation to np 2 and 4 and prints its
-prediction of every other np beside these measurements (docs/scaling.md). Every run has a hard timeout and whatever
+prediction of every other np beside these measurements (docs/scaling-notebook.md). Every run has a hard timeout and whatever
 it started is ended by pid (this process is its descendants' subreaper).
 
 A single job's figures at 8-128 ranks spread by up to a factor of two between repeats on this machine (the 4 B

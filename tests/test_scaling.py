@@ -1,6 +1,7 @@
 """The scaling planner: its model, the fit to benchmark records, and its command line (tier unit, no processes)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -131,3 +132,25 @@ def test_the_start_up_term_follows_the_simulated_start_up(workers, per_host, cor
     assert closed == pytest.approx(simulated, rel=0.25), (closed, simulated)
     assert "start-up |" in scaling.predict_table(scaling.LinkModel(), [scaling.PUBLISHED[0][0]], [workers], per_host,
                                                  scaling.ControlModel.simulated(), scaling.StartupTerm.simulated())
+
+
+def test_the_planner_prints_its_assumptions_and_efficiency_never_rises_with_the_workers(capsys):
+    # --per-host 8: 2 and 4 workers share one host (before, they were put on hosts of their own: 83, 80, 87 %).
+    assert scaling.main(["--params", "25.6e6", "--compute-ms", "200", "--per-host", "8",
+                         "--workers", "2,4,8,16,32,512"]) == 0
+    out = capsys.readouterr().out
+    effs = [int(e) for e in re.findall(r"/ (\d+)% \|", out)]
+    assert len(effs) == 6 and effs == sorted(effs, reverse=True), out
+    assert "links between hosts 25 Gbit/s (--link-gbit)" in out and "8 worker(s) per host" in out
+    assert "from 8 to 16 workers the job leaves one host" in out
+    link = scaling.LinkModel()
+    for work, _ in scaling.PUBLISHED:
+        steps = [scaling.step_seconds(link, work, n, 4) for n in (2, 4, 8, 16, 512)]
+        assert steps == sorted(steps), (work.name, steps)
+
+
+def test_the_planner_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        scaling.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "worker counts to predict, comma-separated (default: 2,4,8" in text and "(default: 25.0)" in text

@@ -54,6 +54,7 @@ import numpy as np
 from horovod.core.bootstrap import DIRECT_RECORDS_MAX_RANKS
 from horovod.core.negotiation import PEER_NEGOTIATION_MAX_RANKS, STAR_NEGOTIATION_MAX_RANKS
 from horovod.core.negotiation.tree import ARITY
+from horovod.tools.planner_notes import assumptions, explain
 from horovod.tools.simulate.startup import StartupModel as SimStartup
 
 __all__ = ["LinkModel", "ControlModel", "StartupTerm", "Workload", "startup_seconds", "PUBLISHED", "allreduce_seconds", "cycle_seconds",
@@ -152,8 +153,10 @@ PUBLISHED = [(Workload("ResNet-101", 44.5e6, 0.49), 0.90), (Workload("Inception 
 
 
 def allreduce_seconds(link: LinkModel, workers: int, nbytes: float, per_host: int = 1) -> float:
-    """One allreduce of ``nbytes`` over ``workers`` (``per_host`` to a host: hierarchical when above 1)."""
-    hosts = max(1, workers // max(1, per_host))
+    """One allreduce of ``nbytes`` over ``workers`` (``per_host`` to a host: hierarchical when above 1). Fewer
+    workers than ``per_host`` share one host: the bytes never cross a link."""
+    per_host = max(1, min(per_host, workers))
+    hosts = max(1, math.ceil(workers / per_host))
     local = 0.0
     if per_host > 1 and workers > 1:
         local = 2 * (per_host - 1) / per_host * nbytes / link.local_bytes_s
@@ -206,7 +209,7 @@ def predict_table(link: LinkModel, works: Sequence[Workload], workers: Sequence[
     for n in workers:
         cells = []
         for w in works:
-            step = step_seconds(link, w, n, per_host if n >= per_host else 1, control)
+            step = step_seconds(link, w, n, per_host, control)
             cells.append(f"{step * 1e3:.0f} ms / {w.compute_s / step:.0%}")
         first = f" {startup_seconds(startup, control or ControlModel(), n, per_host, cores):.2f} s |" \
             if startup else ""
@@ -314,14 +317,17 @@ def check(records, link: Optional[LinkModel] = None) -> List[Dict[str, float]]:
 
 
 def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m horovod.tools.scaling", description=__doc__.splitlines()[0])
-    parser.add_argument("--params", type=float, help="model parameters (float32 gradients)")
+    parser = argparse.ArgumentParser(prog="python -m horovod.tools.scaling", description=__doc__.splitlines()[0]
+                                     + " It prints the constants it assumed; docs/scaling.md is the user guide.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", type=float, help="model parameters (float32 gradients), e.g. 25.6e6")
     parser.add_argument("--compute-ms", type=float, help="compute time of one step on one worker, ms")
     parser.add_argument("--overlap", type=float, default=0.5, help="share of the compute communication can hide")
     parser.add_argument("--link-gbit", type=float, default=25.0, help="link speed between hosts, Gbit/s")
     parser.add_argument("--per-host", type=int, default=1, help="workers per host (hierarchical above 1)")
-    parser.add_argument("--cores", type=int, default=0, help="cores per host for start-up (default: --per-host)")
-    parser.add_argument("--workers", default="2,4,8,16,32,64,128,256,512,1024,2048,4096")
+    parser.add_argument("--cores", type=int, default=0, help="cores per host for start-up (0: --per-host)")
+    parser.add_argument("--workers", default="2,4,8,16,32,64,128,256,512,1024,2048,4096",
+                        help="worker counts to predict, comma-separated")
     parser.add_argument("--fit", help="bench/crosshost.py's JSON: fit the model's constants to it")
     parser.add_argument("--published", action="store_true", help="the three published models (128 x 4 GPUs)")
     parser.add_argument("--check", help="bench/crosshost.py's JSON: predicted vs measured model steps")
@@ -357,12 +363,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             cores=4))
         print("\npublished at 512 GPUs: " + ", ".join(f"{w.name} {eff:.0%}" for w, eff in PUBLISHED) + "\n")
         print(published_table(link, control))
+        print("\n" + assumptions(link, None, 4, 4, f"fitted to {args.fit}" if args.fit else ""))
         return 0
     if args.params is None or args.compute_ms is None:
         print("give --params and --compute-ms (or --published, or --check FILE)", file=sys.stderr)
         return 2
     work = Workload("model", args.params, args.compute_ms / 1e3, args.overlap)
     print(predict_table(link, [work], workers, args.per_host, control, startup, args.cores or args.per_host))
+    print("\n" + assumptions(link, work, args.per_host, args.cores or args.per_host,
+                             f"fitted to {args.fit}" if args.fit else ""))
+    effs = [(n, work.compute_s / step_seconds(link, work, n, args.per_host, control)) for n in workers]
+    notes = explain(effs, args.per_host, link.link_bytes_s * 8 / 1e9)
+    print(notes) if notes else None
     return 0
 
 

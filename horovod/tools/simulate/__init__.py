@@ -7,5 +7,6 @@ rank behind the engine's loop seam), :mod:`~horovod.tools.simulate.transport` (i
 :mod:`~horovod.tools.simulate.startup` and :mod:`~horovod.tools.simulate.elastic` (start-up and an elastic reset,
 modelled around the real parts), :mod:`~horovod.tools.simulate.calibration` (its costs fitted to a benchmark's small
 jobs, the larger ones predicted);
-``python -m horovod.tools.simulate`` runs it (``docs/scaling.md`` says what is run and what is modelled).
+``python -m horovod.tools.simulate`` runs it (``docs/scaling.md`` says how to use it, ``docs/scaling-notebook.md`` what
+is run and what is modelled).
 """

@@ -34,7 +34,7 @@ __all__ = ["CpuModel", "LinkModel", "Faults", "Host", "World", "draw_faults"]
 @dataclass(frozen=True)
 class CpuModel:
     """What a rank's work costs, in seconds of one core. First guesses, not yet fitted to measured jobs (see
-    docs/scaling.md, "Not calibrated yet")."""
+    docs/scaling-notebook.md, "Not calibrated yet")."""
 
     wake: float = 40e-6          # a wake-up: the scheduler, and a Python process running cold
     frame: float = 15e-6         # reading or writing one control frame (codec, checks, the protocol's step)
@@ -44,7 +44,7 @@ class CpuModel:
     # Per contribution a rank reads under star and tree negotiation (a member's input of one small allreduce whose
     # data rode its message): rank 0 holds it by name and position and folds it before it replies; a tree's relay
     # reads its children's and passes them on. Measured by role, a relay costs about what rank 0 does per
-    # contribution (docs/scaling.md, "Each role's CPU").
+    # contribution (docs/scaling-notebook.md, "Each role's CPU").
     fold: float = 0.0
     fail: float = 300e-6         # failing: the error raised through the engine, every handle failed, the hang-up
     submit: float = 0.0          # the caller's per request: submitting it (checks, a handle) and waiting for it
