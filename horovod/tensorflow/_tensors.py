@@ -21,6 +21,7 @@ from horovod.common.device import DeviceTensor
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from horovod.common.types import dtype_name
 from horovod.runtime import context
+from horovod.tensorflow._errors import as_tf_error
 
 _SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
               tf.float64, tf.bool)
@@ -108,6 +109,11 @@ def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: 
             if job is not None:
                 job.graph_error = error   # TensorFlow re-raises it as an OpError; see take_graph_error
             raise
+        except Exception as error:  # noqa: BLE001 — re-raised as the TensorFlow class Horovod's users catch
+            converted = as_tf_error(error)
+            if converted is error:
+                raise
+            raise converted.with_traceback(error.__traceback__) from None
         return [from_core(o, t) for o, t in zip(outputs, touts)]
 
     if tf.executing_eagerly():

@@ -33,6 +33,7 @@ from horovod.runtime.mpi_ops_names import (HorovodInternalError, HostsUpdatedInt
                                            start_timeline, stop_timeline)
 from horovod.runtime.mpi_ops_names import _basics  # noqa: F401 — Horovod's mpi_ops._basics
 from horovod.runtime.process_sets import ProcessSet, global_process_set
+from horovod.tensorflow._errors import SparseNotImplementedError
 from horovod.tensorflow._tensors import check_dtype, run_numpy, to_core
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.queries import (barrier, join, local_rank_op, local_size_op, process_set_included_op,
@@ -123,16 +124,24 @@ def _allreduce(tensors, grouped: bool, name=None, op=Sum, prescale_factor=1.0, p
 def _sparse_allreduce(slices: tf.IndexedSlices, name, op, prescale_factor, postscale_factor, compression,
                       ignore_name_scope, process_set) -> tf.IndexedSlices:
     """Horovod's rule for IndexedSlices: gather every rank's values and indices, scaled like the reduction."""
-    _policy.check_sparse_op(op)
+    try:
+        _policy.check_sparse_op(op)
+    except (ValueError, NotImplementedError) as error:
+        raise SparseNotImplementedError(str(error)) from None
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise SparseNotImplementedError("prescale_factor and postscale_factor are not supported with "
+                                        "tf.IndexedSlices (Horovod's rule)")
     values, ctx = compression.compress(slices.values)
     values = allgather(values, name=f"{name}.values" if name else None, ignore_name_scope=ignore_name_scope,
                        process_set=process_set)
     values = compression.decompress(values, ctx)
     indices = allgather(slices.indices, name=f"{name}.indices" if name else None,
                         ignore_name_scope=ignore_name_scope, process_set=process_set)
-    scale = _policy.reduction_scale(op, _policy.set_size(process_set), prescale_factor, postscale_factor)
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+    size = _policy.set_size(process_set)
+    if op == Average and not values.dtype.is_floating:
+        values = tf.math.truediv(values, tf.cast(size, values.dtype))   # Horovod's division: integers become float
+    elif op == Average and size != 1:
+        values = values * tf.cast(_policy.reduction_scale(op, size, 1.0, 1.0), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -365,7 +374,7 @@ _OPS = _grads.GradientOps(
     allgather=lambda t, ps: allgather(t, process_set=ps),
     alltoall=lambda t, splits, ps: alltoall(t, splits=splits, process_set=ps)[0],
     scale=lambda t, factor: t * tf.cast(factor, t.dtype),
-    zeros_like=tf.zeros_like,
+    zeros_like=lambda t: t * tf.zeros([], t.dtype),   # Horovod's product: the allreduce stays in the graph
     row_count=_row_count,
     rows=_rows,
 )

@@ -98,6 +98,36 @@ def check_indexed_slices(tf, hvd, n, me):
         hvd.allreduce(slices, op=hvd.Adasum)
 
 
+def check_horovod_tf_semantics(tf, hvd, n, me):
+    """Issue 51: Horovod's TF exception classes (a mismatch is a FailedPreconditionError and still a
+    TensorMismatchError; alltoall's bad splits an InvalidArgumentError), sparse rules (NotImplementedError for
+    Min/Max and scaling; averaged integers become float), broadcast's gradient keeps its allreduce in the graph."""
+    if n > 1:
+        with pytest.raises(tf.errors.FailedPreconditionError) as caught:
+            hvd.allreduce(tf.zeros([2 + me]), name="semantics.mismatch")
+        assert isinstance(caught.value, hvd.TensorMismatchError) and "shape" in str(caught.value)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        hvd.alltoall(tf.zeros([4]), splits=[5] + [0] * (n - 1), name="semantics.splits")
+    slices = tf.IndexedSlices(tf.constant([[me + 1, 3]], tf.uint8), tf.constant([me], tf.int64),
+                              tf.constant([n, 2], tf.int64))
+    for kwargs in ({"op": hvd.Max}, {"op": hvd.Sum, "prescale_factor": 2.0}):
+        with pytest.raises(NotImplementedError):
+            hvd.allreduce(slices, **kwargs)
+    averaged = hvd.allreduce(slices, op=hvd.Average)
+    assert averaged.values.dtype.is_floating
+    close(averaged.values.numpy(), np.array([[k + 1, 3] for k in range(n)]) / n, "sparse integer average")
+    x = tf.constant(np.ones(3, np.float32) * (me + 1))
+
+    @tf.function(autograph=False)
+    def grad(root):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = hvd.broadcast(x, root, name=f"semantics.bcast{root}")
+        return tape.gradient(y, x)
+    for root in range(n):   # the root waited forever when other ranks' zeros dropped the allreduce
+        close(grad(root).numpy(), np.ones(3) * (1.0 if me == root else 0.0), f"broadcast grad root {root}")
+
+
 def check_allgather(tf, hvd, n, me):
     x = tf.constant(data(me, (me + 1, 3), salt=4))
     want = np.concatenate([data(k, (k + 1, 3), salt=4) for k in range(n)])
