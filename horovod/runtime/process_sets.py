@@ -59,6 +59,10 @@ class ProcessSet:
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
+    def __str__(self) -> str:
+        """As Horovod prints a process set."""
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
+
 
 class _GlobalProcessSet(ProcessSet):
     """The set of every rank (id 0): its ranks are the live context's, none before ``init`` or after ``shutdown``."""

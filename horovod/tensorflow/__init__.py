@@ -20,7 +20,8 @@ from horovod.runtime.binding_api import (Adasum, Average, HorovodInternalError, 
                                          remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from horovod.runtime.mpi_ops_names import check_num_rank_power_of_2
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from horovod.tensorflow.functions import (allgather_object, broadcast_global_variables, broadcast_object,
+                                          broadcast_object_fn, broadcast_variables)
 from horovod.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from horovod.tensorflow.mpi_ops import (_executing_eagerly, allgather, allreduce, alltoall, barrier, broadcast,
                                         broadcast_, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
@@ -40,6 +41,11 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         ValueError: ``optimizer`` is not a Keras optimizer, or the arguments are inconsistent.
     """
     import keras
+    import tensorflow as tf
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):   # TensorFlow 1's optimizers, as Horovod wraps them
+        from horovod.tensorflow.v1_optimizer import DistributedV1Optimizer
+        return DistributedV1Optimizer(optimizer, name=name, use_locking=use_locking, compression=compression, op=op,
+                                      process_set=process_set)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"Provided optimizer doesn't inherit from a Keras optimizer: {optimizer!r} "
                          f"(TensorFlow 1 optimizers are not supported by TensorFlow 2.16+)")
@@ -61,7 +67,8 @@ __all__ = binding_api.__all__ + [
     # collectives
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
     "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn",
+    "allgather_object",
     # training
     "Compression", "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
     "SyncBatchNormalization", "elastic",

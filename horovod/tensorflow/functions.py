@@ -27,6 +27,21 @@ def broadcast_variables(variables, root_rank: int, process_set: ProcessSet = glo
     return broadcast_(variables, root_rank, process_set=process_set)
 
 
+def broadcast_global_variables(root_rank: int):
+    """Broadcast every global variable of the default graph from ``root_rank`` (TensorFlow 1 graphs: returns the
+    broadcast op group).
+
+    Raises:
+        RuntimeError: executing eagerly, where there are no global variables (as in Horovod); use
+            :func:`broadcast_variables` with the model's and optimizer's variables.
+    """
+    import tensorflow as tf
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution; use "
+                           "hvd.broadcast_variables(<model/optimizer variables>) instead")
+    return tf.group(*broadcast_variables(tf.compat.v1.global_variables(), root_rank))
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, session=None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` (any cloudpicklable object) on every rank of the set; ``session`` is
@@ -48,4 +63,4 @@ def allgather_object(obj: Any, session=None, name: Optional[str] = None,
     return _c.allgather_object(obj, name=name, process_set=process_set)
 
 
-__all__ = ["broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object"]
+__all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "allgather_object"]

@@ -126,6 +126,12 @@ def check_horovod_tf_semantics(tf, hvd, n, me):
         return tape.gradient(y, x)
     for root in range(n):   # the root waited forever when other ranks' zeros dropped the allreduce
         close(grad(root).numpy(), np.ones(3) * (1.0 if me == root else 0.0), f"broadcast grad root {root}")
+    v = tf.Variable([1.0, 2.0])   # a TensorFlow 1 optimizer wrapped as Horovod does: averaged gradients
+    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
+    opt.apply_gradients(opt.compute_gradients(lambda: tf.reduce_sum(v * float(me + 1)), var_list=[v]))
+    close(v.numpy(), np.array([1.0, 2.0]) - (n + 1) / 2, "v1 optimizer")
+    with pytest.raises(RuntimeError):
+        hvd.broadcast_global_variables(0)
 
 
 def check_allgather(tf, hvd, n, me):

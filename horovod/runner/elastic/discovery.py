@@ -40,7 +40,17 @@ def parse_discovery_output(text: str, default_slots: int) -> List[HostInfo]:
     return hosts
 
 
-class HostDiscoveryScript:
+class HostDiscovery:
+    """Horovod's base class of host discovery: ``find_available_hosts_and_slots()`` says which hosts can run
+    workers now and with how many slots each (Ray's elastic executor and user subclasses override it)."""
+
+    def find_available_hosts_and_slots(self):
+        """The hosts available now: a list of :class:`~horovod.runner.hosts.HostInfo` here, a ``{hostname: slots}``
+        dict in Horovod's subclasses."""
+        raise NotImplementedError()
+
+
+class HostDiscoveryScript(HostDiscovery):
     """Runs ``script`` (through the shell) and parses its output; ``slots`` is used for lines without a count."""
 
     def __init__(self, script: str, slots: Optional[int] = None, timeout: float = _SCRIPT_TIMEOUT_SECS):
@@ -65,7 +75,7 @@ class HostDiscoveryScript:
         return parse_discovery_output(proc.stdout, self.default_slots)
 
 
-class FixedHosts:
+class FixedHosts(HostDiscovery):
     """The hosts of ``-H``/``--hostfile`` for an elastic job: always the same."""
 
     def __init__(self, hosts: Sequence[HostInfo]):
@@ -76,5 +86,5 @@ class FixedHosts:
         return list(self.hosts)
 
 
-__all__ = ["HostDiscoveryScript", "FixedHosts", "HostDiscoveryError", "parse_discovery_output",
+__all__ = ["HostDiscovery", "HostDiscoveryScript", "FixedHosts", "HostDiscoveryError", "parse_discovery_output",
            "DISCOVER_HOSTS_FREQUENCY_SECS"]
