@@ -6,7 +6,7 @@ executors with :func:`horovod.spark.run`, ``num_proc`` of them (the Spark contex
 
 from __future__ import annotations
 
-import os
+from horovod.common.config import environ_snapshot
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["Backend", "SparkBackend", "default_num_proc"]
@@ -45,7 +45,7 @@ class SparkBackend(Backend):
     def run(self, fn, args=(), kwargs=None, env=None):
         """Run ``fn`` on the Spark executors; returns the values by rank."""
         import horovod.spark
-        full_env = dict(self._env if self._env is not None else os.environ)
+        full_env = dict(self._env if self._env is not None else environ_snapshot())
         full_env.update(env or {})
         return horovod.spark.run(fn, args=args, kwargs=kwargs or {}, num_proc=self._num_proc, env=full_env,
                                  **self._run_kwargs)
