@@ -66,6 +66,7 @@ soak: venv sysdeps
 	HVD_SOAK_REPEATS=20 HVD_SOAK_HOGS=1 $(BIN)/python -m pytest -q tests/test_error_soak.py
 	HVD_SOAK_TRIALS=5 $(BIN)/python -m pytest -q tests/test_hostile_user.py
 	HVD_SOAK_TRIALS=3 $(BIN)/python -m pytest -q tests/test_failure_matrix.py
+	HVD_SIM_SEEDS=2000 $(BIN)/python -m pytest -q tests/test_simulate.py -k seeded_faults_and_workloads
 	for i in 1 2 3; do $(BIN)/python -m pytest -q tests/test_scale.py tests/elastic/test_elastic_scale.py || exit 1; done
 
 demo: demo-venv

@@ -22,6 +22,8 @@ import numpy as np
 from horovod.common.config import load_config
 from horovod.common.types import OpType, ReduceOp, Request
 from horovod.core.ops import Entry
+from horovod.common.exceptions import TensorMismatchError
+from horovod.tools.simulate.answers import Answers
 from horovod.tools.simulate.rank import SimHandle, SimRank, greenlet
 from horovod.tools.simulate.startup import Rendezvous, StartupModel
 from horovod.tools.simulate.world import CpuModel, Faults, LinkModel, World
@@ -52,7 +54,7 @@ class Workload:
         self.arrays = (np.ones(count, np.float32), np.ones(count, np.float64) if mixed else np.ones(count, np.float32))
 
     def requests(self) -> List[Tuple[Request, np.ndarray]]:
-        """One step's requests, in submission order, each with its (shared, read-only) array."""
+        """One step's requests, in submission order, each with an array of its dtype and shape."""
         out = []
         for i in range(self.tensors):
             array = self.arrays[i % 2]
@@ -60,20 +62,37 @@ class Workload:
                                 ReduceOp.AVERAGE), array))
         return out
 
+    def process_sets(self, size: int) -> Dict[int, List[int]]:
+        """Process sets besides the global one, registered on every rank before the loop starts."""
+        return {}
+
+    def submissions(self, seed: int, rank: int, step: int, size: int) -> List[Tuple[float, int, Request]]:
+        """What ``rank``'s caller submits in ``step``: (seconds after the step began, set, request), in order.
+        Every rank submits the same names in the same order at once (:mod:`~horovod.tools.simulate.varied` draws
+        workloads that differ per rank)."""
+        return [(0.0, 0, request) for request, _ in self.requests()]
+
+    def fails(self, name: str) -> bool:
+        """Whether ``name`` must fail on every rank (a mismatch the workload plants)."""
+        return False
+
 
 class Job:
     """``size`` simulated ranks over ``world`` running ``workload``; :meth:`run` returns the figures."""
 
     def __init__(self, world: World, workload: Workload, env: Optional[Dict[str, str]] = None,
-                 break_order: int = -1, startup: Optional[StartupModel] = None):
+                 startup: Optional[StartupModel] = None):
         self.world, self.size, self.workload = world, world.size, workload
-        self.break_order = break_order
         self.startup = startup      # None: every rank holds the records at time 0 and begins at once
         self.rendezvous = Rendezvous(self, startup or StartupModel(), self.size)
         self.hub = greenlet.getcurrent()
         config = load_config({"HOROVOD_SHM_DISABLE": "1", **(env or {})})
         self.ranks = [SimRank(self, r, config) for r in range(self.size)]
-        self._requests = workload.requests()
+        for set_id, members in workload.process_sets(self.size).items():
+            for rank in self.ranks:
+                rank._sets.add(set_id, members)
+        self.answers = Answers(self)
+        self.mismatches = 0         # handles of a name mismatched on one rank that failed as they must
         self._step: List[int] = [0] * self.size
         self._left: List[int] = [0] * self.size
         self._cores: Dict[int, Tuple[int, int]] = {}     # rank -> (host, core) while it runs
@@ -89,7 +108,7 @@ class Job:
 
     # -- running ---------------------------------------------------------------------------------------------------
 
-    def run(self, max_events: int = 50_000_000) -> "Job":
+    def run(self, max_events: int = 50_000_000, horizon: float = float("inf")) -> "Job":
         """Run until nothing is left to happen, checking the invariants after every event.
 
         Raises:
@@ -105,8 +124,8 @@ class Job:
         if self.world.faults.partition is not None:
             self.world.at(self.world.faults.partition[0], self._partition)
         while self.world.step():
-            if self.world.events_run > max_events:
-                self._violation(f"more than {max_events} events: a livelock")
+            if self.world.events_run > max_events or self.world.now > horizon:
+                self._violation(f"more than {max_events} events or {horizon} s: a livelock or a stall")
         self._check_end()
         return self
 
@@ -156,22 +175,44 @@ class Job:
             rank.shutdown = True
             rank.wake.notify()
             return
-        state = rank.sets[0]
-        with state.lock:
-            for request, array in self._requests:
-                state.entries[request.name] = Entry(request, array, None, SimHandle(request.name, rank), 0)
-                state.queue.append(request)
-        self._left[rank.rank] = len(self._requests)
-        rank.owed += self.world.cpu.submit * len(self._requests)    # the caller's submissions and waits
+        plan = self.workload.submissions(self.world.seed, rank.rank, step, self.size)
+        self._left[rank.rank] = len(plan)
+        rank.owed += self.world.cpu.submit * len(plan)    # the caller's submissions and waits
         self.step_submitted[step] = self.world.now
         rank.waiters.blocked = 1
+        for delay in sorted({delay for delay, _, _ in plan}):
+            part = [(set_id, request) for at, set_id, request in plan if at == delay]
+            if delay:
+                self.world.at(self.world.now + delay, lambda p=part: self._submit(rank, p))
+            else:
+                self._submit(rank, part)
+
+    def _submit(self, rank: SimRank, part: List[Tuple[int, Request]]) -> None:
+        if rank.dead or rank.error is not None:
+            return
+        for set_id, request in part:
+            state = rank.sets[set_id]
+            array, occurrence = self.answers.input(rank.rank, set_id, request)
+            with state.lock:
+                state.entries[request.name] = Entry(request, array, None,
+                                                    SimHandle(request.name, rank, set_id, occurrence), 0)
+                state.queue.append(request)
         rank.waiters.waited = True
         rank.wake.notify()
 
-    def handle_done(self, rank: SimRank, handle: SimHandle) -> None:
-        """A handle completed: when it was the step's last, the caller computes, then starts the next step."""
-        if handle.error is not None and not self._faulty():
+    def handle_done(self, rank: SimRank, handle: SimHandle, value=None) -> None:
+        """A handle completed: its result is checked (:mod:`~horovod.tools.simulate.answers`); when it was the
+        step's last, the caller computes, then starts the next step."""
+        planted = self.workload.fails(handle.name)
+        if handle.error is None and planted:
+            self._violation(f"rank {rank.rank}: {handle.name!r}, mismatched on one rank, did not fail")
+        elif handle.error is not None and not self._faulty() and not (
+                planted and isinstance(handle.error, TensorMismatchError)):
             self._violation(f"rank {rank.rank}: {handle.name!r} failed without a fault: {handle.error}")
+        elif handle.error is not None and planted:
+            self.mismatches += 1
+        elif handle.error is None:
+            self.answers.check(rank, handle, value)
         self._left[rank.rank] -= 1
         if self._left[rank.rank]:
             return
@@ -241,6 +282,13 @@ class Job:
         elif then is not None:
             self.world.at(now + piece, then)
 
+    def connected(self, rank: int, peer: int) -> None:
+        """``rank`` opened its connection to ``peer``: one opened across a partition, or to a rank killed already,
+        breaks as the ones held then did (a process set's first cycle may open it after the fault)."""
+        if self.ranks[peer].dead or self.world.severed(rank, peer):
+            delay = self.world.detection_delay(peer, rank, process_only=self.ranks[peer].dead)
+            self.world.at(self.world.now + delay, lambda: self.ranks[rank].connection_closed(peer, peer))
+
     def _listeners_of(self, index: int):
         return {r.rank for r in self.ranks if index in r.transport.peers}
 
@@ -305,6 +353,10 @@ class Job:
             self._violation(f"ranks {failed[:8]} failed, but ranks {self.failed_alone()[:8]} ended the job "
                             f"without seeing it")
 
+    def violation(self, what: str) -> None:
+        """Raise :class:`InvariantViolation`, naming the seed."""
+        self._violation(what)
+
     def _violation(self, what: str) -> None:
         raise InvariantViolation(f"seed {self.world.seed}: {what} (replay: the same seed, ranks and faults)")
 
@@ -316,11 +368,13 @@ def _short(signature: tuple) -> str:
 
 def scenario(size: int, seed: int, slots: int = 8, cores: int = 8, workload: Optional[Workload] = None,
              faults: Optional[Faults] = None, env: Optional[Dict[str, str]] = None, cpu: CpuModel = CpuModel(),
-             link: LinkModel = LinkModel(), break_order: int = -1, startup: Optional[StartupModel] = None) -> Job:
-    """One simulated job, run to its end (raises InvariantViolation when an invariant breaks); with ``startup``,
-    from the launch (:mod:`~horovod.tools.simulate.startup`)."""
+             link: LinkModel = LinkModel(), startup: Optional[StartupModel] = None,
+             max_events: int = 50_000_000, horizon: float = float("inf")) -> Job:
+    """One simulated job, run to its end (raises InvariantViolation when an invariant breaks, or past
+    ``max_events`` or ``horizon`` seconds of virtual time: a livelock or a stall); with ``startup``, from the launch
+    (:mod:`~horovod.tools.simulate.startup`)."""
     world = World(size, slots, cores, seed, cpu, link, faults)
-    return Job(world, workload or Workload(), env, break_order, startup).run()
+    return Job(world, workload or Workload(), env, startup).run(max_events, horizon)
 
 
 def victim_of(size: int) -> int:

@@ -1,9 +1,11 @@
 """One simulated rank: the negotiation, coordinator, response cache and frames of the real engine, run unmodified
 behind the :class:`~horovod.core.negotiation.base.Loop` seam, over a simulated transport and clock.
 
-What is modelled rather than run: the engine's thread and its outer loop (``await_cycle``, then ``negotiate`` for
-each set, then execution, as :class:`horovod.core.engine.Engine` runs them), execution itself (a decided batch
-completes its handles; no data moves) and the transport (:mod:`~horovod.tools.simulate.transport`: frames are
+Execution is the engine's :class:`~horovod.core.execution.Executor` (allreduces whose data rode the negotiation
+are folded by the real code) but for its data plane, simulated by :class:`~horovod.tools.simulate.answers.DataPlane`
+(small real data, every result checked). What is modelled rather than run: the engine's thread and its outer loop
+(``await_cycle``, then ``negotiate`` for each set, then execution, as :class:`horovod.core.engine.Engine` runs them)
+and the transport (:mod:`~horovod.tools.simulate.transport`: frames are
 the real wire bytes, carried by :class:`~horovod.tools.simulate.world.World`).
 """
 
@@ -15,11 +17,12 @@ from horovod.common.extras import install_hint
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
 from horovod.core import fusion
-from horovod.core.execution import complete
+from horovod.core.execution import Executor
 from horovod.core.negotiation import for_loop
 from horovod.core.negotiation.base import spacing_for
 from horovod.core.set_state import NEW, ProcessSets
 from horovod.core.waiters import Waiters
+from horovod.tools.simulate.answers import DATA_OPS, PENDING
 from horovod.tools.simulate.startup import RENDEZVOUS_FD
 from horovod.tools.simulate.transport import SimTransport
 from horovod.transport.shm import SPIN_SECONDS
@@ -38,24 +41,40 @@ WAKE_FD = -1        # the wake-up socket's descriptor; a peer's connection is th
 class SimHandle:
     """A submitted request's handle: completed once, by the rank's execution."""
 
-    __slots__ = ("name", "rank", "done", "error")
+    __slots__ = ("name", "rank", "done", "error", "set_id", "occurrence")
 
-    def __init__(self, name: str, rank: "SimRank"):
+    def __init__(self, name: str, rank: "SimRank", set_id: int = 0, occurrence: int = 0):
         self.name, self.rank, self.done, self.error = name, rank, False, None
+        self.set_id, self.occurrence = set_id, occurrence     # which submission of the name (answers.Answers)
 
-    def set_result(self, _value) -> None:
-        """The collective completed."""
-        self._finish(None)
+    def set_result(self, value) -> None:
+        """The collective completed (or, PENDING, handed to the data plane: its result comes later)."""
+        if value is not PENDING:
+            self._finish(None, value)
 
     def set_exception(self, error: BaseException) -> None:
         """The collective failed."""
-        self._finish(error)
+        self._finish(error, None)
 
-    def _finish(self, error: Optional[BaseException]) -> None:
+    def _finish(self, error: Optional[BaseException], value) -> None:
         if self.done:
             raise AssertionError(f"rank {self.rank.rank}: {self.name!r} completed twice")
         self.done, self.error = True, error
-        self.rank.job.handle_done(self.rank, self)
+        self.rank.job.handle_done(self.rank, self, value)
+
+
+class SimExecutor(Executor):
+    """The engine's execution, run unmodified, but for its data plane: what the negotiation did not fold is handed
+    to the simulated one (:class:`~horovod.tools.simulate.answers.DataPlane`)."""
+
+    def __init__(self, rank: "SimRank"):
+        super().__init__(None, lambda response: None)
+        self._rank = rank
+
+    def _execute(self, state, response, entries):
+        if response.op in DATA_OPS:
+            return self._rank.job.answers.plane.run(self._rank, state, response, entries)
+        return {name: response.last_joined if response.op == OpType.JOIN else None for name in entries}
 
 
 class SimWake:
@@ -85,6 +104,7 @@ class SimRank:
         self.rank, self.size = rank, job.size
         self.transport = SimTransport(self)
         self.waiters = Waiters()
+        self.executor = SimExecutor(self)
         self.wake = SimWake(self)
         self.cycle_time = config.cycle_time / 1000.0
         self._spacing = spacing_for(self.cycle_time, config.is_explicit("HOROVOD_CYCLE_TIME"))
@@ -154,6 +174,10 @@ class SimRank:
 
     def wait(self, fds: Set[int], timeout: Optional[float]) -> None:
         """End this run and wait until one of ``fds`` is readable or ``timeout`` passes (None: forever)."""
+        if len(fds) > len(fds & self.transport.peers) + (WAKE_FD in fds) + (RENDEZVOUS_FD in fds):
+            for fd in fds:      # a connection waited on is held (it breaks when its peer is lost)
+                if fd >= 0 and fd not in self.transport.peers:
+                    self.transport.fileno(fd)
         self._token += 1
         token = self._token
         self._waiting = fds
@@ -216,8 +240,11 @@ class SimRank:
                 self.waiters.cycle_started()
                 self.charge(self.world.cpu.cycle)
                 for set_id in sorted(self.sets):
-                    decision = self.negotiation.negotiate(self.sets[set_id], self.shutdown)
-                    self._execute(self.sets[set_id], decision)
+                    state = self.sets[set_id]
+                    if state.index < 0:         # not a member (as the engine skips it)
+                        continue
+                    decision = self.negotiation.negotiate(state, self.shutdown if set_id == 0 else False)
+                    self._execute(state, decision)
                     self.finished = self.finished or decision.shutdown
         except HorovodInternalError as exc:
             self.error = exc
@@ -248,19 +275,12 @@ class SimRank:
     def _execute(self, state, decision) -> None:
         """Complete what the cycle decided, in order, and record it in the response cache (as execution does)."""
         batches = list(decision.batches)
-        if self.job.break_order == self.rank and len(batches) > 1:
-            batches.reverse()       # a deliberately broken rank, for the invariant checks' own test
         executed, signature = [], []
         for batch in batches:
             response = fusion.merge(batch.responses)
             signature.append((response.op, response.names))
-            with state.lock:
-                entries = {name: state.entries[name] for name in response.names if name in state.entries}
-            if response.op == OpType.ERROR:
-                complete(state, entries, error=HorovodInternalError(response.error))
-            else:
-                complete(state, entries, results={})     # no data moves: every handle completes with None
-                executed.extend(batch.responses)
+            self.executor._run_batch(state, batch, executed)    # the real execution; data by the simulated plane
             self.charge(self.world.cpu.name * len(response.names))
         state.cache.record(executed)
-        self.job.cycle_decided(self, self.cycles, tuple(signature))
+        self.job.cycle_decided(self, self.cycles if state.id == 0 else f"{self.cycles} of set {state.id}",
+                               tuple(signature))

@@ -54,15 +54,20 @@ class SimTransport(Transport):
 
     def fileno(self, peer: int) -> int:
         """The connection to ``peer`` (opened now if it was not)."""
-        self.peers.add(peer)
+        self._open(peer)
         return peer
+
+    def _open(self, peer: int) -> None:
+        if peer not in self.peers:
+            self.peers.add(peer)
+            self._rank.job.connected(self.rank, peer)
 
     def send_obj(self, peer: int, message) -> None:
         """Send one control frame: its real bytes, timed by the world."""
         rank = self._rank
         self._check(peer)
         payload = wire.encode(message)
-        self.peers.add(peer)
+        self._open(peer)
         self.frames_out += 1
         self.bytes_out += len(payload)
         rank.charge(rank.world.cpu.frame + len(payload) * rank.world.cpu.byte)
