@@ -6,8 +6,9 @@ executors with :func:`horovod.spark.run`, ``num_proc`` of them (the Spark contex
 
 from __future__ import annotations
 
-from horovod.common.config import environ_snapshot
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from horovod.common.config import environ_snapshot
 
 __all__ = ["Backend", "SparkBackend", "default_num_proc"]
 
