@@ -4,12 +4,15 @@ checked after every event.
 The workload is a training loop: each step every rank submits ``tensors`` allreduces (small ones, whose data rides
 the negotiation; even and odd tensors of two dtypes, so that a cycle decides two batches), waits for all of them, then
 computes for ``compute`` seconds (with jitter from the seed). The first step's names are new; later steps are
-cached. After the last step every rank shuts down.
+cached. After the last step every rank shuts down. (:mod:`~horovod.tools.simulate.varied` draws workloads that
+differ per rank.) Every submitted tensor holds small real data and every result is checked
+(:mod:`~horovod.tools.simulate.answers`).
 
 Invariants (:class:`InvariantViolation` names the seed): every rank decides the same batches in the same order in
 each cycle; no handle completes twice; when nothing is left to happen every live rank has ended (no deadlock); with no
 fault, no rank fails and every step completes; with a lost rank or a partition, every survivor fails naming a lost
-rank or ends with the job.
+rank or ends with the job; every rank's result of every collective is the reduction of what the members submitted,
+byte for byte; a name mismatched on one rank fails on every rank.
 """
 
 from __future__ import annotations
