@@ -27,7 +27,7 @@ MUTANT_SEEDS = 60
 def test_every_collective_kind_on_every_rank_gets_the_reduction_of_what_the_ranks_submitted(size):
     # Peer (2), star (5) and tree (24): allreduces that ride the negotiation and ones too large to, of three reduce
     # ops, allgathers of per-rank first dimensions, a broadcast, alltoalls, reducescatters, in a second process set too.
-    workload = Varied(1, size, features=FEATURES)
+    workload = Varied(1, size, features=set(FEATURES) - {"join"})
     job = scenario(size, 1, workload=workload, horizon=1.0)
     members = len(workload.set_members)
     # Each step: 6 allreduces, 3 grouped, 5 kinds, on every rank; 1 + 5 more in the set; step s adds s new names.
@@ -35,6 +35,17 @@ def test_every_collective_kind_on_every_rank_gets_the_reduction_of_what_the_rank
     assert job.answers.results == size * per_rank + members * 3 * 6
     # The mismatched name failed on every rank with the coordinator's error, and the job went on.
     assert job.mismatches == size and all(r.finished and r.error is None for r in job.ranks)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("size", [2, 5, 24])
+def test_a_rank_that_joins_a_step_early_contributes_zeros_and_every_rank_joins(size):
+    # Four steps: two with every rank's data, one where the joiner has joined (the others' allreduces fold its
+    # zeros, an average divides by every member), and one where the others join.
+    workload = Varied(4, size, steps=4, features=("join", "reduce_ops", "order"))
+    job = scenario(size, 4, workload=workload, horizon=1.0)
+    assert job.answers.results == 6 * (2 * size + size - 1)
+    assert all(r.finished and r.error is None and not r.executor.joined for r in job.ranks)
 
 
 @pytest.mark.unit

@@ -98,6 +98,15 @@ def _same(got, want) -> Optional[str]:
            f"{want.reshape(-1)[:6]})"
 
 
+class _Zeros:
+    """What a joined rank hands the data plane for a tensor it never submitted: zeros (as ``fusion.pack`` does)."""
+
+    request = handle = None
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+
 class DataPlane:
     """The simulated data plane: the k-th collective every member of a set runs, combined position by position."""
 
@@ -112,6 +121,8 @@ class DataPlane:
         k = self._count.get(key, 0)
         self._count[key] = k + 1
         parts = [entries[name] for name in response.names if name in entries]
+        if rank.executor.joined and response.op == OpType.ALLREDUCE and not parts:   # a joined rank: zeros
+            parts = [_Zeros(np.zeros(shape, response.dtype)) for shape in response.shapes]
         members = state.group.ranks
         held = self._open.setdefault((state.id, k), {})
         held[state.group.index] = (rank, response, parts)
@@ -129,7 +140,10 @@ class DataPlane:
                                     f"{OpType(first[1].op).name} of {list(first[1].names)[:4]} (the data plane would "
                                     f"hang or mix them)")
         for t in range(len(first[2])):
-            requests = [parts[t].request for _, _, parts in held]
+            request = next((parts[t].request for _, _, parts in held if parts[t].request is not None), None)
+            if request is None:
+                self._job.violation(f"collective {k} of set {set_id}: no member submitted its tensor {t}")
+            requests = [parts[t].request or request for _, _, parts in held]
             arrays = [parts[t].array for _, _, parts in held]
             shapes = {np.shape(a)[1:] if requests[0].op != OpType.ALLREDUCE else np.size(a) for a in arrays}
             if len(shapes) > 1 and requests[0].op != OpType.BROADCAST:
@@ -137,7 +151,8 @@ class DataPlane:
                                     f"{sorted(map(str, shapes))[:4]} (the data plane would fail or hang)")
             result = reference(requests, arrays, members)
             for index, (rank, _, parts) in enumerate(held):
-                parts[t].handle.set_result(result(index))
+                if parts[t].handle is not None:
+                    parts[t].handle.set_result(result(index))
 
 
 class Answers:
@@ -167,9 +182,12 @@ class Answers:
             return
         members = self._job.ranks[rank.rank].sets[handle.set_id].group.ranks
         got = self._inputs.get(key, {})
-        missing = [m for m in members if m not in got]
+        missing = [m for m in members if m not in got and not self._job.ranks[m].executor.joined]
         if missing:
             self._job.violation(f"rank {rank.rank}: {handle.name!r} completed before ranks {missing[:8]} submitted it")
+        if len(got) < len(members):     # ranks that joined contribute zeros
+            some = next(iter(got.values()))[0]
+            got = {m: got.get(m) or (some, np.zeros(some.shape, some.dtype)) for m in members}
         expected = self._expected.get(key)
         if expected is None:
             expected = self._expected[key] = reference([got[m][0] for m in members], [got[m][1] for m in members],

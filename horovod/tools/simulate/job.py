@@ -179,6 +179,10 @@ class Job:
             rank.wake.notify()
             return
         plan = self.workload.submissions(self.world.seed, rank.rank, step, self.size)
+        if not plan:        # (a rank that joined early has no data left)
+            self._step[rank.rank] += 1
+            self.world.at(self.world.now, lambda: self._begin_step(rank))
+            return
         self._left[rank.rank] = len(plan)
         rank.owed += self.world.cpu.submit * len(plan)    # the caller's submissions and waits
         self.step_submitted[step] = self.world.now
@@ -195,7 +199,10 @@ class Job:
             return
         for set_id, request in part:
             state = rank.sets[set_id]
+            if request.op == OpType.JOIN:
+                rank.executor.mark_joined()     # as hvd.join does before it submits
             array, occurrence = self.answers.input(rank.rank, set_id, request)
+            array = None if request.op == OpType.JOIN else array
             with state.lock:
                 state.entries[request.name] = Entry(request, array, None,
                                                     SimHandle(request.name, rank, set_id, occurrence), 0)

@@ -4,8 +4,9 @@ first dimensions, a broadcast from a drawn root, alltoalls of per-rank splits, r
 to ride the negotiation, reduce ops besides the average) and a tensor whose shape or dtype differs on one rank (the
 coordinator's mismatch error must reach every rank, the job going on).
 
-Not drawn yet: ``join`` with uneven data (the simulated caller has no join: the engine's ``mark_joined`` and the
-join response's completion are not wired into :class:`~horovod.tools.simulate.rank.SimRank`), and elastic resets
+With ``join`` (uneven data), one rank joins a step before the others, which allreduce meanwhile (its zeros
+count, and an average divides by every member); every other rank joins in the last step. Not drawn yet: elastic
+resets
 (a simulated job ends at a loss; :mod:`~horovod.tools.simulate.elastic` models the reset around two simulations
 rather than running one job through it).
 """
@@ -20,7 +21,8 @@ from horovod.tools.simulate.job import Workload
 
 __all__ = ["FEATURES", "Varied"]
 
-FEATURES = ("order", "times", "new", "sets", "grouped", "kinds", "mismatch", "reduce_ops")
+FEATURES = ("order", "times", "new", "sets", "grouped", "kinds", "mismatch", "reduce_ops", "join")
+JOIN = Request("join", OpType.JOIN, "uint8", ())
 
 
 class Varied(Workload):
@@ -42,6 +44,9 @@ class Varied(Workload):
         self.dtype_mismatch = rng.random() < 0.5
         self.delay_max = rng.choice((2e-4, 1e-3, 4e-3))
         self.reduce_op = rng.choice((ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX))
+        self.joiner = rng.randrange(size)                           # the rank whose data ends a step early
+        if "join" in self.features:     # the mismatch's step is one where every rank submits
+            self.mismatch_step = rng.randrange(max(steps - 2, 1))
 
     def process_sets(self, size: int) -> Dict[int, List[int]]:
         return {1: self.set_members} if "sets" in self.features else {}
@@ -51,8 +56,10 @@ class Varied(Workload):
 
     def submissions(self, seed: int, rank: int, step: int, size: int) -> List[Tuple[float, int, Request]]:
         rng = random.Random((seed * 1_000_003 + rank) * 1_009 + step)
-        plan = [(0, r) for r, _ in self.requests()]
         f = self.features
+        if "join" in f and step >= self.steps - 2:
+            return self._joining(rng, rank, step)
+        plan = [(0, r) for r, _ in self.requests()]
         if "reduce_ops" in f:
             plan = [(0, r._replace(reduce_op=self.reduce_op)) if i % 3 == 2 else (0, r) for i, (_, r) in
                     enumerate(plan)]
@@ -73,6 +80,21 @@ class Varied(Workload):
             rng.shuffle(plan)
         times = [rng.choice((0.0, 0.0, rng.random() * self.delay_max)) if "times" in f else 0.0 for _ in plan]
         return [(at, set_id, request) for at, (set_id, request) in zip(times, plan)]
+
+    def _joining(self, rng: random.Random, rank: int, step: int) -> List[Tuple[float, int, Request]]:
+        """``join`` with uneven data: the joiner joins a step before the others, which meanwhile allreduce (the
+        joiner's zeros count); in the last step every other rank joins, once its last data came back."""
+        if step == self.steps - 1:
+            return [] if rank == self.joiner else [(0.0, 0, JOIN)]
+        if rank == self.joiner:
+            return [(0.0, 0, JOIN)]
+        plan = [(0, r) for r, _ in self.requests()]
+        if "reduce_ops" in self.features:
+            plan = [(0, r._replace(reduce_op=self.reduce_op)) if i % 3 == 2 else (0, r) for i, (_, r) in
+                    enumerate(plan)]
+        if "order" in self.features:
+            rng.shuffle(plan)
+        return [(rng.random() * self.delay_max if "times" in self.features else 0.0, s, r) for s, r in plan]
 
     def _kinds(self, rank: int, members: List[int], set_id: int, prefix: str) -> List[Tuple[int, Request]]:
         n, me = len(members), members.index(rank)
