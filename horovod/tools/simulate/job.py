@@ -128,7 +128,8 @@ class Job:
             self.world.at(self.world.faults.partition[0], self._partition)
         while self.world.step():
             if self.world.events_run > max_events or self.world.now > horizon:
-                self._violation(f"more than {max_events} events or {horizon} s: a livelock or a stall")
+                self._violation(f"no end after {self.world.events_run} events and {self.world.now:.3f} s of virtual "
+                                f"time (limits {max_events}, {horizon} s): a livelock or a stall")
         self._check_end()
         return self
 
