@@ -70,6 +70,7 @@ def cast_compressor(name: str, wire_dtype, *, dtype_of: Callable[[Any], Any], is
         (:func:`wire_dtype_name`: ``"float16"``, ``"bfloat16"``), the same whichever framework made it.
     """
     def compress(tensor):
+        """The tensor cast to the wire dtype, and what decompress needs to restore it."""
         if prepare is not None:
             tensor = prepare(tensor)
         dtype = dtype_of(tensor)
@@ -78,6 +79,7 @@ def cast_compressor(name: str, wire_dtype, *, dtype_of: Callable[[Any], Any], is
         return tensor, None
 
     def decompress(tensor, ctx):
+        """The tensor cast back to the dtype it had before compress."""
         return tensor if ctx is None else cast(tensor, ctx)
 
     compress.__doc__ = f"Cast a floating-point tensor to {wire_dtype}; returns (tensor, its dtype or None)."

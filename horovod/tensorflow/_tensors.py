@@ -84,6 +84,7 @@ def take_graph_error() -> Optional[BaseException]:
 
 
 def executing_eagerly() -> bool:
+    """Whether TensorFlow runs ops eagerly here (else a graph is being traced)."""
     return tf.executing_eagerly()
 
 
@@ -102,6 +103,7 @@ def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: 
     touts = list(touts)
 
     def call(*arrays):
+        """``fn`` on the arrays, keeping a Horovod error for elastic training before TensorFlow wraps it."""
         try:
             outputs = fn(*arrays)
         except (HorovodInternalError, HostsUpdatedInterrupt) as error:

@@ -64,14 +64,16 @@ def world_sizes(default: Sequence[int] = DEFAULT_WORLD_SIZES) -> Tuple[int, ...]
     return sizes
 
 
-def pytest_addoption(parser):  # noqa: D103 — pytest hook
+def pytest_addoption(parser):
+    """pytest hook: the ``--world-sizes`` option."""
     parser.getgroup("horovod").addoption(
         "--world-sizes", default=None, metavar="N,M",
         help=f"run the size-independent multi-rank tests at these world sizes (sets {WORLD_SIZES_ENV}; "
              f"default {','.join(map(str, DEFAULT_WORLD_SIZES))})")
 
 
-def pytest_generate_tests(metafunc):  # noqa: D103 — pytest hook
+def pytest_generate_tests(metafunc):
+    """pytest hook: a test that takes ``world`` runs once per world size."""
     # One parameter of module scope, so that a module's job spawned for a size serves every test at that size.
     explicit = any("world" in marker.args[0] for marker in metafunc.definition.iter_markers("parametrize")
                    if marker.args and isinstance(marker.args[0], str))
@@ -79,7 +81,8 @@ def pytest_generate_tests(metafunc):  # noqa: D103 — pytest hook
         metafunc.parametrize("world", world_sizes(), ids=lambda n: f"{n}ranks", scope="module")
 
 
-def pytest_configure(config):  # noqa: D103 — pytest hook
+def pytest_configure(config):
+    """pytest hook: ``--world-sizes`` into the one variable that names them, and this project's markers."""
     option = config.getoption("world_sizes", None)
     if option:     # before the test modules are collected; xdist workers get the option too
         environ_set(WORLD_SIZES_ENV, option)
@@ -90,7 +93,8 @@ def pytest_configure(config):  # noqa: D103 — pytest hook
         config.addinivalue_line("markers", f"{name}: {doc}")
 
 
-def pytest_ignore_collect(collection_path, config):  # noqa: D103 — pytest hook
+def pytest_ignore_collect(collection_path, config):
+    """pytest hook: under ``-m unit``, a test module that marks no test unit is not even imported."""
     # `pytest -m unit` would deselect every test of a module that marks none unit, after importing it (Ray, Spark
     # and the frameworks at module level: about 1.5 s of the unit tier); a tier marker is written out in its module.
     if config.getoption("markexpr", "") == "unit" and collection_path.suffix == ".py" \
@@ -100,7 +104,9 @@ def pytest_ignore_collect(collection_path, config):  # noqa: D103 — pytest hoo
 
 
 @pytest.hookimpl(tryfirst=True)     # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config, items):  # noqa: D103 — pytest hook
+def pytest_collection_modifyitems(config, items):
+    """pytest hook: every test in one tier and at most one schedule; the longest waits first, and the tests that
+    share a spawned job on one xdist worker."""
     # Every test says which tier it is in, so `pytest -m unit` really is the suite's process-free part.
     untiered = [item.nodeid for item in items if not any(item.get_closest_marker(tier) for tier in TIERS)]
     if untiered:

@@ -115,14 +115,16 @@ def expected_by(reason: str) -> Tuple[Optional[Expected], Optional[Expected]]:
     return None, declared
 
 
-def pytest_addoption(parser):  # noqa: D103 — pytest hook
+def pytest_addoption(parser):
+    """pytest hook: the ``--strict-skips`` option."""
     parser.getgroup("horovod").addoption(
         "--strict-skips", action="store_true", default=False,
         help="list every skip with its reason and fail the run when a test skipped for a reason not expected on "
              "this machine (horovod/testing/skips.py: EXPECTED)")
 
 
-def pytest_configure(config):  # noqa: D103 — pytest hook
+def pytest_configure(config):
+    """pytest hook: start collecting skips when ``--strict-skips`` is on."""
     # Judged where every report arrives: the controller under xdist (its workers have `workerinput`), else the one
     # pytest process.
     if config.getoption("strict_skips", False) and not hasattr(config, "workerinput"):
@@ -141,15 +143,18 @@ class SkipLedger:
         where = report.longrepr[:2] if isinstance(report.longrepr, tuple) else ("", "")
         self.skips.setdefault((report.nodeid, reason), f"{where[0]}:{where[1]}")
 
-    def pytest_runtest_logreport(self, report):  # noqa: D102 — pytest hook
+    def pytest_runtest_logreport(self, report):
+        """pytest hook: note a test's skip (on the controller, xdist workers' reports too)."""
         if report.skipped and not hasattr(report, "wasxfail"):
             self._note(report)
 
-    def pytest_collectreport(self, report):  # noqa: D102 — pytest hook
+    def pytest_collectreport(self, report):
+        """pytest hook: note a module skipped while collecting."""
         if report.skipped:
             self._note(report)
 
-    def pytest_sessionfinish(self, session):  # noqa: D102 — pytest hook
+    def pytest_sessionfinish(self, session):
+        """pytest hook: fail the run when a skip was not declared expected on this machine."""
         by_reason: Dict[str, List[str]] = {}
         for nodeid, reason in self.skips:
             by_reason.setdefault(reason, []).append(nodeid)
@@ -158,7 +163,8 @@ class SkipLedger:
                 session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def pytest_terminal_summary(self, terminalreporter):  # noqa: D102 — pytest hook
+    def pytest_terminal_summary(self, terminalreporter):
+        """pytest hook: the skip report, grouped by reason, expected or not."""
         if not self.verdicts:
             return
         write = terminalreporter.write_line

@@ -190,6 +190,7 @@ def as_output(tensor: torch.Tensor) -> Tuple[np.ndarray, Callable[[object], torc
                                                                     device=tensor.device)
 
         def finish_device(result) -> torch.Tensor:
+            """The output tensor once the device result is in it (copied back from the scratch tensor if one was used)."""
             settle(result)
             if target is not tensor:
                 with torch.no_grad():
@@ -203,6 +204,7 @@ def as_output(tensor: torch.Tensor) -> Tuple[np.ndarray, Callable[[object], torc
     view, _ = numpy_view(scratch)
 
     def finish(_result) -> torch.Tensor:
+        """The output tensor once the scratch buffer's result is copied back into it."""
         with torch.no_grad():
             tensor.copy_(scratch)
         return tensor

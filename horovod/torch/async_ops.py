@@ -226,6 +226,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
     values = allgather_async(tensor._values(), name=f"{name}.values", process_set=process_set)
 
     def wait() -> torch.Tensor:
+        """Wait for both gathers and return the reduced sparse tensor."""
         gathered_values = synchronize(values)
         gathered_indices = synchronize(indices)
         if scale != 1.0:
@@ -298,6 +299,7 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
     core = _c.alltoall_async(source, splits, name=name, process_set=process_set, dtype=dtype)
 
     def finish(result) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The output tensor and the received splits as an int32 tensor."""
         output, received = result
         return to_tensor(output, tensor.dtype), torch.from_numpy(received.astype("int32", copy=True))
     return _register(core, finish)

@@ -232,6 +232,7 @@ class TorchDevicePlane:
         work = group.allreduce([carrier], options)
 
         def unfuse():
+            """After the reduction: Average's division and the postscale, then each tensor's part of the fusion buffer to its output."""
             post = response.postscale / len(ranks) if response.reduce_op == ReduceOp.AVERAGE else response.postscale
             _scale(carrier, post)
             if not single:
@@ -257,6 +258,7 @@ class TorchDevicePlane:
         work = group.allgather([gathered], [padded])
 
         def join():
+            """After the gather: every rank's rows without the padding, in rank order."""
             return {name: torch.cat([g[:dims[i]] for i, g in enumerate(gathered)])}
         return join, work, padded.numel() * padded.element_size() * len(ranks)
 
@@ -305,6 +307,7 @@ class TorchDevicePlane:
         work = group._reduce_scatter_base(out, padded, options)
 
         def cut():
+            """After the reduce-scatter: this rank's rows without the padding, scaled."""
             post = response.postscale / size if response.reduce_op == ReduceOp.AVERAGE else response.postscale
             mine = out[:rows[index]]
             _scale(mine, post)

@@ -51,6 +51,7 @@ def _global_stats(x: torch.Tensor, process_set: ProcessSet) -> Tuple[torch.Tenso
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, mean, invstd, total, process_set):
+        """Normalise with the mean and variance of every rank's batch."""
         shape = _channel_shape(x)
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         xhat = (x.to(compute) - mean.to(compute).view(shape)) * invstd.to(compute).view(shape)
@@ -63,6 +64,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
+        """The input's, weight's and bias's gradients, with the statistics' gradients summed over the ranks."""
         xhat, invstd, weight = ctx.saved_tensors
         shape, dims = _channel_shape(xhat), _reduce_dims(xhat)
         g = grad_y.to(xhat.dtype)
