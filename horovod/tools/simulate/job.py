@@ -34,7 +34,8 @@ from horovod.tools.simulate.world import CpuModel, Faults, LinkModel, World
 # A long run of the kernel's (a process ending) shares a core with woken ranks: it gives the core up once it ran a base
 # slice of the Linux scheduler (EEVDF's default, 0.75 ms), at the next scheduler tick where the kernel is preempted only
 # there (``CpuModel.tick``; this VM: no preemption, 250 Hz). Given up at the slice, the last survivor of a kill at 8-128
-# ranks raised 21-49 % sooner than measured on three days; at the tick, within 25 % on all of them (docs/scaling-notebook.md).
+# ranks raised 21-49 % sooner than measured on three days; at the tick, within 25 % on all of them
+# (docs/scaling-notebook.md).
 SCHEDULER_SLICE = 0.75e-3
 
 __all__ = ["InvariantViolation", "Workload", "Job", "scenario", "victim_of"]
@@ -235,8 +236,8 @@ class Job:
         compute = self.workload.compute * (1 + self.workload.jitter * self.world.rng.random())
         # The next step begins after this run ends, so a rank that shares its host's cores runs (and refills) again
         # for it, where a real caller that ran the loop goes on without sleeping. Kept: that second refill stands in
-        # for what the machine's curve misses of one real wake-up's past one share (docs/scaling-notebook.md, "Each role's
-        # CPU"); with one run a step the predictions at 8-128 ranks fell from 166 to 138 cells of 200.
+        # for what the machine's curve misses of one real wake-up's past one share (docs/scaling-notebook.md, "Each
+        # role's CPU"); with one run a step the predictions at 8-128 ranks fell from 166 to 138 cells of 200.
         self.world.at(rank.clock() + compute, lambda: self._begin_step(rank))
 
     @staticmethod
