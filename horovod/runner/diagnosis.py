@@ -35,7 +35,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from horovod.common.failure_records import FailureRecord
 from horovod.runner.supervisor import JobResult, WorkerExit, failure_message
 
-__all__ = ["Diagnosis", "diagnose", "summary", "read_records"]
+__all__ = ["Diagnosis", "diagnose", "summary", "launcher_note", "read_records"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +187,20 @@ def _unregistered(record: FailureRecord) -> List[int]:
     return [int(word) for word in found.group(1).replace(",", " ").split()] if found else []
 
 
+def _root_cause_lines(result: JobResult, verdict: Diagnosis) -> List[str]:
+    """The ``Root cause:`` line. When the launcher's store ran out of descriptors and no rank raised an error of its
+    own, that is the root cause (the ranks' start-up or rendezvous failures follow from it); else it is a note."""
+    trouble = result.launcher_trouble.rstrip(".")
+    if trouble and verdict.kind != "raised":
+        return [f"Root cause: {trouble}.", f"  what the ranks saw, as a consequence: {verdict.headline()}."]
+    return [f"Root cause: {verdict.headline()}."] + ([f"  the launcher also ran short: {trouble}."] if trouble else [])
+
+
+def launcher_note(result: JobResult) -> str:
+    """The line ``horovod.run`` adds to the error it raises when the launcher ran out of descriptors ("" if not)."""
+    return f"The launcher could not serve: {result.launcher_trouble.rstrip('.')}." if result.launcher_trouble else ""
+
+
 def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     """What ``horovodrun`` prints after a failed job: the root cause's traceback first, then Horovod's summary naming
     that rank, then one line per other rank that failed (each once, its first line only: a deadlock's stacks are in
@@ -207,7 +221,7 @@ def summary(result: JobResult, records: Iterable[FailureRecord]) -> str:
     exit_ = verdict.exit or {e.rank: e for e in result.exits}.get(verdict.rank)
     if exit_ is not None:
         lines.append(failure_message(exit_, first=exit_ == result.first_failure).rstrip("\n"))
-    lines.append(f"Root cause: {verdict.headline()}.")
+    lines.extend(_root_cause_lines(result, verdict))
     others = [r for r in sorted(_failures(records).values(), key=lambda r: r.time)
               if r.rank != verdict.rank and r.rank not in verdict.alike]
     for record in others:

@@ -10,7 +10,7 @@ import cloudpickle
 from horovod.common.exceptions import HorovodError
 from horovod.runner.run_task import FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE, TaskOutcome
 from horovod.common.failure_records import finished_record
-from horovod.runner.diagnosis import diagnose
+from horovod.runner.diagnosis import diagnose, launcher_note
 from horovod.runner.supervisor import JobResult, failure_message
 
 __all__ = ["WorkerFailedError", "FunctionExchange", "load_outcome", "raise_for_outcomes"]
@@ -74,11 +74,12 @@ def raise_for_outcomes(result: JobResult, outcomes: Mapping[int, TaskOutcome], s
         _raise_root_cause(result, outcomes, size)
     if result.interrupted_by is not None:
         raise KeyboardInterrupt(f"horovod.run interrupted by signal {result.interrupted_by}")
+    trouble = f"\n{launcher_note(result)}" if result.launcher_trouble else ""
     if result.first_failure is not None:
-        raise RuntimeError(failure_message(result.first_failure))
+        raise RuntimeError(failure_message(result.first_failure) + trouble.lstrip("\n"))
     missing = [r for r in range(size) if r not in outcomes]
     if missing or result.timed_out:
-        raise RuntimeError(f"rank(s) {missing} ended without publishing a result")
+        raise RuntimeError(f"rank(s) {missing} ended without publishing a result{trouble}")
     return [outcomes[r].value for r in range(size)]
 
 
@@ -90,13 +91,16 @@ def _raise_root_cause(result: JobResult, outcomes: Mapping[int, TaskOutcome], si
     note = None
     rank = min(failed)
     if verdict is not None and verdict.kind == "died" and verdict.rank not in failed:
-        raise RuntimeError(f"{failure_message(verdict.exit)}Root cause: {verdict.headline()}.")
+        raise RuntimeError(f"{failure_message(verdict.exit)}Root cause: {verdict.headline()}."
+                           + (f"\n{launcher_note(result)}" if result.launcher_trouble else ""))
     if verdict is not None and verdict.kind == "finished" and verdict.waiter is not None:
         rank, note = verdict.waiter.rank, f"Root cause: {verdict.headline()}."
     elif verdict is not None and verdict.kind == "lost" and verdict.record.rank in failed:
         rank, note = verdict.record.rank, f"Root cause: {verdict.headline()}."
     elif verdict is not None and verdict.rank in failed:
         rank = verdict.rank
+    if result.launcher_trouble:
+        note = "\n".join(filter(None, [note, launcher_note(result)]))
     outcome = failed[rank]
     error = WorkerFailedError(f"rank {rank} of {size} raised {outcome.error_repr}; its traceback:\n"
                               f"{outcome.traceback}" + (f"\n{note}" if note else ""), rank)

@@ -25,7 +25,7 @@ from horovod.runner.pipeline import LaunchConfig, run_job
 from horovod.runner.network import parse_nics
 from horovod.runner.rendezvous import multihost_rendezvous, plan_rendezvous, remote_hosts
 from horovod.runner.ssh import ssh_config
-from horovod.runner.supervisor import JobResult
+from horovod.runner.supervisor import JobResult, with_launcher_trouble
 
 __all__ = ["launcher_env", "plan_job", "choose_backend", "run_static", "exit_status"]
 
@@ -89,13 +89,14 @@ def run_static(values: Mapping[str, Any], launch: LaunchConfig,
     hostnames = [s.hostname for s in launch.slots]
     addresses = plan_rendezvous(hostnames, parse_nics(values.get("nic"), values.get("nics")))
     backend = choose_backend(values, hostnames)
-    with multihost_rendezvous(addresses) as (store, rendezvous):
+    with multihost_rendezvous(addresses) as (pool, rendezvous):
         if prepare_store is not None:
-            prepare_store(store)
+            prepare_store(pool.store)
         result = run_job(launch, backend, rendezvous)
         if finish_store is not None:
-            finish_store(store)
-    return result
+            finish_store(pool.store)
+        # A failed job whose store ran out of descriptors says so in its report, not only in the launcher's log.
+        return with_launcher_trouble(result, pool.exhausted)
 
 
 def exit_status(result: JobResult, passthrough: bool = False) -> int:

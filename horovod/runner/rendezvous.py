@@ -91,6 +91,12 @@ class RendezvousPool:
             return self.serve(local_address)
         return self.serve(network.launcher_addresses([host], nics)[host])
 
+    @property
+    def exhausted(self) -> Optional[str]:
+        """Why one of the pool's servers could not take a connection for want of descriptors (the first such
+        server's words: the limits and the fix), or None while none ran out."""
+        return next((s.exhausted for s in self._servers.values() if s.exhausted), None)
+
     def close(self) -> None:
         """Stop every server of the pool."""
         for server in self._servers.values():
@@ -106,15 +112,16 @@ class RendezvousPool:
 
 @contextlib.contextmanager
 def multihost_rendezvous(addresses: Mapping[str, str], scope: Optional[str] = None
-                         ) -> Iterator[Tuple[KVStore, Dict[str, RendezvousInfo]]]:
+                         ) -> Iterator[Tuple[RendezvousPool, Dict[str, RendezvousInfo]]]:
     """Serve one store, with one fresh secret, on each distinct address of ``addresses`` (host → address).
 
     Yields:
-        The shared store and, per host, the :class:`RendezvousInfo` its workers get.
+        The pool (its ``store`` shared by every address, its ``exhausted`` saying whether a server ran out of
+        descriptors) and, per host, the :class:`RendezvousInfo` its workers get.
     """
     with RendezvousPool(scope) as pool:
         served = {a: pool.serve(a) for a in network.bind_addresses(addresses)}
-        yield pool.store, {h: served[a] for h, a in addresses.items()}
+        yield pool, {h: served[a] for h, a in addresses.items()}
 
 
 @contextlib.contextmanager

@@ -30,7 +30,8 @@ from typing import Callable, Dict, Hashable, List, Mapping, Optional, Tuple
 from horovod.runner.backends.base import WorkerHandle
 from horovod.runner.output import OutputSink, relay_lines
 
-__all__ = ["WorkerExit", "JobResult", "Supervisor", "failure_message", "DEFAULT_GRACE_SECONDS"]
+__all__ = ["WorkerExit", "JobResult", "Supervisor", "failure_message", "with_launcher_trouble",
+           "DEFAULT_GRACE_SECONDS"]
 
 DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_SETTLE_SECONDS = 2.0  # one keepalive probe at the default liveness timeout (1 s), and as much again
@@ -74,6 +75,8 @@ class JobResult:
     timed_out: bool = False
     # The last lines each worker wrote to stderr, by rank (what a failure before hvd.init() left to go on).
     tails: Mapping[Hashable, str] = dataclasses.field(default_factory=dict, compare=False)
+    # Why the launcher itself could not serve (its rendezvous store ran out of descriptors), when the job failed.
+    launcher_trouble: str = dataclasses.field(default="", compare=False)
 
     @property
     def ok(self) -> bool:
@@ -86,6 +89,14 @@ class JobResult:
         if self.interrupted_by is not None:
             return 128 + self.interrupted_by
         return 0 if self.ok else 1
+
+
+def with_launcher_trouble(result: JobResult, trouble: Optional[str]) -> JobResult:
+    """``result`` carrying ``trouble`` (the launcher's own reason it could not serve, such as
+    :attr:`~horovod.common.rendezvous_server.RendezvousServer.exhausted`) when the job failed; else ``result``."""
+    if not trouble or result.ok:
+        return result
+    return dataclasses.replace(result, launcher_trouble=trouble)
 
 
 def failure_message(failure: WorkerExit, first: bool = True) -> str:

@@ -10,6 +10,11 @@ there is no agent store; under ``mpirun``/``srun`` with mpi4py installed, one ag
 (:mod:`horovod.runtime.mpi_bootstrap`). Through it every rank publishes its node, and each derives its local and
 cross ranks from that table, so they hold for any placement (block, cyclic, uneven) and agree on every rank.
 
+Where rank 0 listens: under torchrun on one address only (:func:`listen_address`: the ``HOROVOD_GLOO_IFACE``
+interface, loopback for a one-host job, else the address that routes toward ``MASTER_ADDR``), which it publishes;
+a configured address is bound as given; over MPI every interface, because the ranks then probe which of rank 0's
+addresses they all reach. Each rank's data listener binds the address that routes to the rendezvous.
+
 Trust: an exported ``HOROVOD_SECRET_KEY`` (the same hex on every rank) is the job's secret on every path, and is
 never sent anywhere. Without it, a rendezvous agreed on over MPI gets a fresh random secret sent over MPI, and one
 agreed on through torchrun's agent store a fresh secret published there (which anyone who can reach that store may
@@ -25,10 +30,11 @@ import hashlib
 import socket
 import sys
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from horovod.common import config as _config
 from horovod.common.exceptions import HorovodConfigError, HorovodInternalError, RendezvousError
+from horovod.common.netaddr import first_interface_address, local_ipv4_addresses, source_address
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
 from horovod.common.rendezvous_server import RendezvousServer
 from horovod.common.starters import MPI_STARTERS, TORCH_STYLE, ExternalSlot, detect, env_int
@@ -36,6 +42,7 @@ from horovod.common.types import Topology
 from horovod.runtime import mpi_bootstrap, torchrun
 
 _ANY = "0.0.0.0"
+_LOOPBACK = "127.0.0.1"
 
 
 def placement(nodes: Sequence[str], rank: int) -> Tuple[int, int, int, int]:
@@ -85,8 +92,59 @@ def _serve(addr: str, port: int, secret: bytes) -> int:
 
 
 def _serve_fresh(secret: bytes) -> int:
-    """A rendezvous on every interface and a free port (rank 0 of a job that meets through MPI or torchrun)."""
+    """A rendezvous on every interface and a free port (rank 0 of a job that meets through MPI, which then probes
+    which of rank 0's addresses every rank reaches)."""
     return _serve(_ANY, 0, secret)
+
+
+def one_host(env: Mapping[str, str]) -> bool:
+    """Whether every rank of a ``torchrun`` job runs on this host: one agent (``GROUP_WORLD_SIZE``), as many local
+    ranks as ranks, or a loopback ``MASTER_ADDR`` (only this host can reach it). A name that merely resolves to a
+    loopback address here (``/etc/hosts`` maps the host's own name to 127.0.1.1 on Debian) does not count."""
+    if env.get("GROUP_WORLD_SIZE", "").strip() == "1":
+        return True
+    local, world = env.get("LOCAL_WORLD_SIZE", "").strip(), env.get("WORLD_SIZE", "").strip()
+    if local and local == world:
+        return True
+    master = env.get("MASTER_ADDR", "").strip().lower()
+    return master == "localhost" or master.startswith("127.") or master in ("::1", "[::1]")
+
+
+def listen_address(env: Mapping[str, str], ifaces: str = "",
+                   route: Callable[[str], str] = source_address,
+                   addresses: Callable[[], List[str]] = local_ipv4_addresses) -> str:
+    """The one address rank 0 of a ``torchrun`` job serves the rendezvous on (and publishes), never every interface.
+
+    In order: the first of the interfaces ``ifaces`` (``HOROVOD_GLOO_IFACE``) this host has; 127.0.0.1 for a job on
+    one host (:func:`one_host`); else the local address the routing table uses toward ``MASTER_ADDR`` (a UDP
+    ``connect``, no packet sent), or, when that is loopback (``MASTER_ADDR`` is this host's own name), this host's
+    first address that is not. The ranks' data listeners follow: each binds the address that routes to the
+    rendezvous (:mod:`horovod.core.bootstrap`), so on one host every listener of the job is on loopback.
+
+    Raises:
+        HorovodConfigError: none of ``ifaces`` has an IPv4 address here, or a multi-host job's rank 0 has no
+            address but loopback.
+    """
+    if ifaces:
+        chosen = first_interface_address(name.strip() for name in ifaces.split(",") if name.strip())
+        if chosen is None:
+            raise HorovodConfigError(f"none of the network interfaces {ifaces!r} (HOROVOD_GLOO_IFACE) has an IPv4 "
+                                     f"address on host {socket.gethostname()}")
+        return chosen
+    if one_host(env):
+        return _LOOPBACK
+    try:
+        chosen = route(socket.gethostbyname(env.get("MASTER_ADDR", "").strip()))
+    except (OSError, UnicodeError):
+        chosen = ""
+    if chosen and not chosen.startswith("127."):
+        return chosen
+    routable = [a for a in addresses() if not a.startswith("127.")]
+    if not routable:
+        raise HorovodConfigError(f"rank 0's host {socket.gethostname()} has no address but loopback, and the job "
+                                 f"spans hosts (WORLD_SIZE={env.get('WORLD_SIZE')}, LOCAL_WORLD_SIZE="
+                                 f"{env.get('LOCAL_WORLD_SIZE')}); name the interface with HOROVOD_GLOO_IFACE")
+    return routable[0]
 
 
 def _put_until(client: RendezvousClient, scope: str, key: str, value: bytes, deadline: float) -> None:
@@ -141,11 +199,12 @@ def _rendezvous(cfg, env: Mapping[str, str], slot: ExternalSlot) -> Tuple[str, i
         return _configured(cfg, slot, cfg.rendezvous_addr, cfg.rendezvous_port)
     if slot.starter == torchrun.STARTER and torchrun.uses_agent_store(env):
         master = (env["MASTER_ADDR"], env_int(env, "MASTER_PORT"))
-        # One host (every rank local): the store rank 0 serves listens on loopback only, and says so.
-        one_host = env.get("LOCAL_WORLD_SIZE") == env.get("WORLD_SIZE")
-        return torchrun.meet(slot.rank, slot.size, slot.job_id, master, cfg.start_timeout,
-                             lambda secret: ("127.0.0.1", _serve("127.0.0.1", 0, secret)) if one_host else
-                             (master[0], _serve_fresh(secret)),
+
+        def serve(secret: bytes) -> Tuple[str, int]:   # rank 0 only: the one address it listens on, published
+            address = listen_address(env, cfg.gloo_iface)
+            return address, _serve(address, 0, secret)
+
+        return torchrun.meet(slot.rank, slot.size, slot.job_id, master, cfg.start_timeout, serve,
                              secret_from_hex(cfg.secret_key) if cfg.secret_key else None)
     if "MASTER_ADDR" in env and "MASTER_PORT" in env and slot.starter in (torchrun.STARTER, TORCH_STYLE):
         return _configured(cfg, slot, env["MASTER_ADDR"], env_int(env, "MASTER_PORT"))
@@ -210,4 +269,5 @@ def resolve_external(cfg, environ: Optional[Mapping[str, str]] = None):
     return _place(cfg, slot, node, *_rendezvous(cfg, env, slot))
 
 
-__all__ = ["ExternalSlot", "detect", "placement", "resolve_external", "resolve_communicator"]
+__all__ = ["ExternalSlot", "detect", "placement", "one_host", "listen_address", "resolve_external",
+           "resolve_communicator"]

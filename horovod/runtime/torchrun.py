@@ -2,8 +2,9 @@
 
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` and, since torch 2.x,
 ``TORCHELASTIC_USE_AGENT_STORE=True``: the agent itself then serves a ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``,
-so that port is taken. Rank 0 serves this job's rendezvous on a free port of its host and writes where into the
-agent's store; the other ranks read it from there.
+so that port is taken. Rank 0 serves this job's rendezvous on a free port of one address of its host (loopback for
+a one-host job: :func:`horovod.runtime.launch_env.listen_address`) and writes where into the agent's store; the
+other ranks read it from there.
 
 The agent's store has no authentication and listens on every interface: anyone who can reach it reads every key.
 So the secret never crosses it when the user exported ``HOROVOD_SECRET_KEY`` (the same on every rank): only the
