@@ -104,10 +104,12 @@ def as_input(tensor: torch.Tensor, what: str = "tensor") -> Tuple[np.ndarray, Op
 # to be dropped (a weak reference's callback costs more than the view), and serves the next tensor at the same address
 # (``zero_grad()`` frees the gradients, and the next backward pass gets the same blocks back from the allocator). An
 # entry serves a tensor only if the tensor's shape and dtype are the ones the view was made for and it is contiguous:
-# then the view is exactly the tensor's memory, whichever tensor made the entry. (Entries are made only for tensors of
-# two or more elements without a negative bit; a negative-bit view of that size is strided, so it never matches.) The
+# then the view is exactly the tensor's memory, whichever tensor made the entry. (Entries are made only for
+# tensors without a negative bit; a negative-bit view of two or more elements is strided, so it never matches, and
+# a hit on a one-element entry, which contiguity cannot tell apart, asks ``is_neg``: a one-element allreduce is the
+# latency benchmark's case, and the general path cost it about a tenth of its time.) The
 # caller keeps the tensor alive until its collective completes (the torch handle holds it).
-#   data pointer -> (shape, torch dtype, numpy view, core dtype name)
+#   data pointer -> (shape, torch dtype, numpy view, core dtype name, whether contiguity rules out a negative bit)
 # Process-lifetime (docs/architecture.md, "What outlives a job"): the views belong to the memory, not to a job.
 _inplace_views: Dict[int, tuple] = {}
 _INPLACE_VIEWS_MAX = 1 << 15       # distinct addresses kept; past this the map starts again (a few MB at most)
@@ -122,10 +124,11 @@ _TORCH_DTYPES = {name: dtype for dtype, (_, name) in _CORE_DTYPES.items()}
 
 
 def inplace_view(tensor: torch.Tensor) -> Optional[tuple]:
-    """For an in-place collective on ``tensor``: ``(shape, dtype, view, core dtype name)``, with ``view`` a numpy
-    array over the tensor's own memory, or None when the tensor needs the general path (non-contiguous, fewer than
-    two elements, a negative bit, or a dtype the core does not reduce; the general path copies or raises). Runs once
-    per gradient per step: a hit asks torch four questions, none of which releases the GIL. The caller keeps ``tensor`` alive while the view is in use.
+    """For an in-place collective on ``tensor``: ``(shape, dtype, view, core dtype name, ...)``, with ``view`` a
+    numpy array over the tensor's own memory, or None when the tensor needs the general path (non-contiguous, a
+    negative bit, or a dtype the core does not reduce; the general path copies or raises). Runs once per gradient
+    per step: a hit asks torch four questions (five for one element), none of which releases the GIL. The caller
+    keeps ``tensor`` alive while the view is in use.
 
     Raises:
         TypeError, ValueError: as :func:`check_tensor`.
@@ -138,7 +141,8 @@ def inplace_view(tensor: torch.Tensor) -> Optional[tuple]:
     except (AttributeError, RuntimeError):     # not a tensor, or one without a data pointer (sparse)
         check_tensor(tensor)
         raise
-    if entry is not None and entry[0] == tensor.shape and entry[1] == tensor.dtype and tensor.is_contiguous():
+    if entry is not None and entry[0] == tensor.shape and entry[1] == tensor.dtype and tensor.is_contiguous() \
+            and (entry[4] or not tensor.is_neg()):
         return entry
     return _new_inplace_view(check_tensor(tensor))
 
@@ -155,13 +159,13 @@ class _Memory:
 def _new_inplace_view(tensor: torch.Tensor) -> Optional[tuple]:
     core = _CORE_DTYPES.get(tensor.dtype)
     address = tensor.data_ptr()
-    if core is None or address == 0 or tensor.numel() < 2 or not tensor.is_contiguous() or tensor.is_neg():
+    if core is None or address == 0 or not tensor.is_contiguous() or tensor.is_neg():
         return None
     shape = tuple(tensor.shape)
     view = np.asarray(_Memory(address, shape, core[0]))
     if len(_inplace_views) >= _INPLACE_VIEWS_MAX:
         _inplace_views.clear()
-    entry = _inplace_views[address] = (tensor.shape, tensor.dtype, view, core[1])
+    entry = _inplace_views[address] = (tensor.shape, tensor.dtype, view, core[1], tensor.numel() >= 2)
     return entry
 
 

@@ -54,17 +54,27 @@ def test_new_address_shape_dtype_or_layout_makes_a_new_view():
 
 def test_bfloat16_travels_as_words():
     t = torch.ones(4, dtype=torch.bfloat16)
-    view, core_dtype = _tensors.inplace_view(t)[2:]
+    view, core_dtype = _tensors.inplace_view(t)[2:4]
     assert view.dtype == np.uint16 and core_dtype == "bfloat16"
     assert np.array_equal(view, t.view(torch.int16).numpy().view(np.uint16))
 
 
-@pytest.mark.parametrize("make", [lambda: torch.arange(12.0).reshape(3, 4).t(), lambda: torch.ones(1),
-                                  lambda: torch.ones(0), lambda: torch.ones(3, dtype=torch.complex64),
-                                  lambda: torch._neg_view(torch.ones(3))],
-                         ids=["non-contiguous", "one-element", "empty", "complex", "negative-bit"])
+@pytest.mark.parametrize("make", [lambda: torch.arange(12.0).reshape(3, 4).t(), lambda: torch.ones(0),
+                                  lambda: torch.ones(3, dtype=torch.complex64),
+                                  lambda: torch._neg_view(torch.ones(3)), lambda: torch._neg_view(torch.ones(1))],
+                         ids=["non-contiguous", "empty", "complex", "negative-bit", "negative-bit-one-element"])
 def test_tensors_for_the_general_path_get_none(make):
     assert _tensors.inplace_view(make()) is None
+
+
+def test_one_element_tensors_get_a_view_but_never_serve_a_negative_bit_alias():
+    t = torch.ones(1)
+    view = _view(t)
+    assert view is not None and view.shape == (1,) and _view(t) is view
+    scalar = torch.tensor(2.0)
+    assert _view(scalar).shape == ()
+    negated = torch._neg_view(t)        # same address, shape, dtype and contiguity: only is_neg tells it apart
+    assert negated.data_ptr() == t.data_ptr() and _tensors.inplace_view(negated) is None
 
 
 def test_bad_input_gets_the_general_errors():
