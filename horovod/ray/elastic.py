@@ -14,7 +14,9 @@ node that joins is used at the workers' next commit, up to ``max_workers``.
 from __future__ import annotations
 
 import dataclasses
+import random
 import sys
+import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -26,23 +28,27 @@ from horovod.ray.utils import driver_address, job_extra_env, settings_env
 from horovod.ray.worker import remote_worker_cls
 from horovod.runner.backends.base import WorkerLaunch
 from horovod.runner.backends.ray import RayBackend
+from horovod.runner.elastic.discovery import HostDiscovery
 from horovod.runner.elastic.driver import ElasticSettings
 from horovod.runner.elastic.job import ElasticJob
 from horovod.runner.elastic.spawner import ElasticSpawner
-from horovod.runner.hosts import HostInfo
 from horovod.runner.output import OutputSink
 from horovod.runner.rendezvous import RendezvousPool
 from horovod.runner.supervisor import DEFAULT_GRACE_SECONDS, Supervisor
 
-__all__ = ["RayHostDiscovery", "ElasticAdapter", "ElasticRayExecutor", "ElasticRaySettings"]
+__all__ = ["RayHostDiscovery", "TestDiscovery", "ElasticAdapter", "ElasticRayExecutor", "ElasticRaySettings"]
 
 
 def _log(text: str) -> None:
     print(f"horovod.ray elastic: {text}", file=sys.stderr, flush=True)
 
 
-class RayHostDiscovery:
-    """The live Ray nodes as hosts, each with as many slots as its resources hold workers."""
+class RayHostDiscovery(HostDiscovery):
+    """The live Ray nodes as hosts, each with as many slots as its resources hold workers.
+
+    ``find_available_hosts_and_slots()`` returns Horovod's ``{hostname: slots}`` dict, so that a subclass written for
+    Horovod (which filters ``super()``'s dict, as Horovod's Ray examples do) works unchanged.
+    """
 
     def __init__(self, use_gpu: bool = False, cpus_per_slot: float = 1, gpus_per_slot: Optional[float] = 1):
         self.use_gpu = use_gpu
@@ -50,9 +56,9 @@ class RayHostDiscovery:
         self.gpus_per_slot = gpus_per_slot or 1
         self.node_ids: Dict[str, str] = {}
 
-    def find_available_hosts_and_slots(self) -> List[HostInfo]:
-        """Every live node with room for at least one worker, in Ray's order."""
-        hosts = []
+    def find_available_hosts_and_slots(self) -> Dict[str, int]:
+        """Every live node with room for at least one worker, in Ray's order: hostname -> slots."""
+        hosts: Dict[str, int] = {}
         for node in ray.nodes():
             if not node.get("Alive"):
                 continue
@@ -63,17 +69,81 @@ class RayHostDiscovery:
             if slots > 0:
                 name = node_hostname(node["NodeManagerAddress"], node["NodeID"])
                 self.node_ids[name] = node["NodeID"]
-                hosts.append(HostInfo(name, slots))
+                hosts[name] = slots
         return hosts
+
+
+class TestDiscovery(RayHostDiscovery):
+    """Ray's live nodes, of which some are held back on purpose: every ``change_frequency_s`` seconds one node is
+    taken away or given back (at random between ``min_hosts`` and ``max_hosts`` hosts), so that an elastic job
+    rescales while every node stays up (Horovod's test discovery for elastic Ray jobs).
+
+    ``_graceful=False`` (Horovod: kill a node through Ray's autoscaler) is refused: it needs an autoscaler
+    cluster's bootstrap config, and taking a host away from discovery already makes the job rescale.
+    """
+
+    __test__ = False    # (not a pytest test class, despite its name)
+
+    def __init__(self, min_hosts: int, max_hosts: int, change_frequency_s: float, use_gpu: bool = False,
+                 cpus_per_slot: float = 1, gpus_per_slot: Optional[float] = 1, verbose: bool = True,
+                 _graceful: bool = True, *, seed: Optional[int] = None):
+        if not _graceful:
+            raise NotImplementedError("TestDiscovery(_graceful=False) kills Ray nodes through the autoscaler; "
+                                      "horovod-py only holds hosts back (use _graceful=True)")
+        super().__init__(use_gpu=use_gpu, cpus_per_slot=cpus_per_slot, gpus_per_slot=gpus_per_slot)
+        self.min_hosts, self.max_hosts = min_hosts, max_hosts
+        self.change_frequency_s = change_frequency_s
+        self.verbose = verbose
+        self.removed_hosts: set = set()
+        self._last_change: Optional[float] = None
+        self._random = random.Random(seed)
+
+    def change_hosts(self, hosts: Dict[str, int]) -> None:
+        """Take one host away or give one back (the nodes that left Ray are forgotten first)."""
+        self.removed_hosts &= hosts.keys()
+        current = len(hosts) - len(self.removed_hosts)
+        if current <= self.min_hosts:
+            self._give_back(hosts)
+        elif current >= self.max_hosts:
+            self._take_away(hosts)
+        elif self._random.random() < 0.5:
+            self._give_back(hosts)
+        else:
+            self._take_away(hosts)
+
+    def _give_back(self, hosts: Dict[str, int]) -> None:
+        held = sorted(self.removed_hosts & hosts.keys())
+        if held:
+            self.removed_hosts.discard(self._random.choice(held))
+
+    def _take_away(self, hosts: Dict[str, int]) -> None:
+        present = [h for h in hosts if h not in self.removed_hosts]
+        if present:
+            self.removed_hosts.add(self._random.choice(present))
+
+    def find_available_hosts_and_slots(self) -> Dict[str, int]:
+        """Ray's live nodes less the ones held back now."""
+        now = time.monotonic()
+        if self._last_change is None:
+            self._last_change = now
+        hosts = super().find_available_hosts_and_slots()
+        if now - self._last_change >= self.change_frequency_s:
+            self.change_hosts(hosts)
+            self._last_change = now
+        remaining = {name: slots for name, slots in hosts.items() if name not in self.removed_hosts}
+        if self.verbose:
+            _log(f"test discovery: {len(remaining)} of {len(hosts)} hosts: {remaining}")
+        return remaining
 
 
 class ElasticAdapter:
     """Carries out an elastic job's calls: each :meth:`run` is one elastic job, from start to its last worker."""
 
-    def __init__(self, settings, min_workers: int, max_workers: Optional[int] = None,
-                 reset_limit: Optional[int] = None, cooldown_range: Optional[Sequence[float]] = None,
-                 elastic_timeout: float = 600, override_discovery: bool = True, cpus_per_worker: float = 1,
-                 use_gpu: bool = False, gpus_per_worker: Optional[float] = None,
+    # (Horovod's parameter order, so that positional calls written for Horovod bind alike)
+    def __init__(self, settings, min_workers: int, max_workers: Optional[int] = None, use_gpu: bool = False,
+                 cpus_per_worker: float = 1, gpus_per_worker: Optional[float] = None,
+                 override_discovery: bool = True, reset_limit: Optional[int] = None,
+                 cooldown_range: Optional[Sequence[float]] = None, elastic_timeout: float = 600,
                  grace_seconds: float = DEFAULT_GRACE_SECONDS):
         self.settings = settings
         start_timeout = float(getattr(settings, "timeout_s", 30))
@@ -202,9 +272,11 @@ class ElasticRayExecutor:
             raise ValueError("gpus_per_slot is set, but use_gpu is False; use_gpu must be True if gpus_per_slot is set")
         self.settings = settings
         self.env_vars = dict(env_vars or {})
-        self.adapter = ElasticAdapter(settings, settings.min_num_proc, settings.max_num_proc, settings.reset_limit,
-                                      settings.cooldown_range, settings.elastic_timeout, override_discovery,
-                                      cpus_per_slot, use_gpu, gpus_per_slot)
+        self.adapter = ElasticAdapter(settings, settings.min_num_proc, settings.max_num_proc, use_gpu=use_gpu,
+                                      cpus_per_worker=cpus_per_slot, gpus_per_worker=gpus_per_slot,
+                                      override_discovery=override_discovery, reset_limit=settings.reset_limit,
+                                      cooldown_range=settings.cooldown_range,
+                                      elastic_timeout=settings.elastic_timeout)
 
     def start(self) -> None:
         """Prepare the job (workers start with :meth:`run`)."""

@@ -79,9 +79,10 @@ class RayExecutor:
         self.settings = settings if settings is not None else MiniSettings()
         self.settings.elastic = min_workers is not None
         if self.settings.elastic:
-            self.adapter = ElasticAdapter(self.settings, min_workers, max_workers, reset_limit, cooldown_range,
-                                          elastic_timeout, override_discovery, cpus_per_worker, use_gpu,
-                                          gpus_per_worker)
+            self.adapter = ElasticAdapter(self.settings, min_workers, max_workers, use_gpu=use_gpu,
+                                          cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+                                          override_discovery=override_discovery, reset_limit=reset_limit,
+                                          cooldown_range=cooldown_range, elastic_timeout=elastic_timeout)
         else:
             self.adapter = StaticAdapter(self.settings, num_workers, num_hosts, num_workers_per_host,
                                          cpus_per_worker, use_gpu, gpus_per_worker, use_current_placement_group)

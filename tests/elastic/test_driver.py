@@ -6,7 +6,7 @@ import pytest
 
 from horovod.common import elastic_records as protocol
 from horovod.common.elastic_records import Assignment, HostUpdateResult
-from horovod.runner.elastic.discovery import FixedHosts, HostDiscoveryError, parse_discovery_output
+from horovod.runner.elastic.discovery import FixedHosts, HostDiscoveryError, hosts_of, parse_discovery_output
 from horovod.runner.elastic.driver import (Blacklist, DriverView, ElasticSettings, Kill, Publish, Spawn, Stop, Wait,
                                            WorkerView, cooldown_delay, decide, host_update, plan_assignment,
                                            slot_keys)
@@ -267,3 +267,22 @@ def test_a_late_worker_is_killed_once_and_the_loop_waits_for_its_exit_instead_of
     spawner.exit("b:0", -9)
     job.step()
     assert "b:0" not in job._stopping
+
+
+def test_horovods_dict_discovery_is_read_as_hosts_in_its_order():
+    """A discovery written for Horovod returns {hostname: slots}; ours return HostInfo lists: the job reads both."""
+    assert hosts_of({"b": 2, "a": 1}) == [HostInfo("b", 2), HostInfo("a", 1)]
+    assert hosts_of([HostInfo("a", 3)]) == [HostInfo("a", 3)]
+    for bad in ({"a": 0}, {"a": "2"}, {"": 1}, ["a"], None):
+        with pytest.raises(HostDiscoveryError):
+            hosts_of(bad)
+
+
+def test_job_with_a_horovod_style_dict_discovery_spawns_its_hosts():
+    class DictHosts:
+        def find_available_hosts_and_slots(self):
+            return {"a": 1, "b": 2}
+    spawner = FakeSpawner()
+    job = ElasticJob(ElasticSettings(min_np=1), DictHosts(), spawner, KVStore(), clock=Clock(), uniform=lambda: 0.0,
+                     log=lambda text: None)
+    assert job.step() is None and spawner.started == ["a:0", "b:0", "b:1"]

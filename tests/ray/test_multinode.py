@@ -60,6 +60,20 @@ def _check_sums(results):
         assert r["gathered"] == list(range(size))
 
 
+def test_discovery_is_horovods_dict_and_test_discovery_holds_nodes_back():
+    """RayHostDiscovery answers Horovod's {hostname: slots} (so Horovod users' subclasses filter it unchanged);
+    TestDiscovery (horovod.ray.elastic_v2, Horovod's name) takes nodes away and gives them back within its bounds."""
+    from horovod.ray.elastic_v2 import ElasticAdapter, ElasticParams, RayHostDiscovery, TestDiscovery
+    found = RayHostDiscovery(cpus_per_slot=1).find_available_hosts_and_slots()
+    assert isinstance(found, dict) and sorted(found.values()) == [2, 2]     # the head has no CPUs
+    assert ElasticParams(min_workers=2).adapter is ElasticAdapter
+    test = TestDiscovery(min_hosts=1, max_hosts=2, change_frequency_s=0, verbose=False, seed=3)
+    seen = [len(test.find_available_hosts_and_slots()) for _ in range(20)]
+    assert set(seen) == {1, 2} and all(1 <= n <= 2 for n in seen)
+    with pytest.raises(NotImplementedError, match="_graceful"):
+        TestDiscovery(1, 2, 5, _graceful=False)
+
+
 def test_packed_workers_share_one_node():
     results = _run(num_workers=2)
     assert len({r["host"] for r in results}) == 1

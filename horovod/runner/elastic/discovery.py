@@ -75,6 +75,30 @@ class HostDiscoveryScript(HostDiscovery):
         return parse_discovery_output(proc.stdout, self.default_slots)
 
 
+def hosts_of(found) -> List[HostInfo]:
+    """What a discovery's ``find_available_hosts_and_slots()`` returned, as hosts: ours return
+    :class:`~horovod.runner.hosts.HostInfo` lists, Horovod's (and the subclasses its users write) a
+    ``{hostname: slots}`` dict, kept in its order.
+
+    Raises:
+        HostDiscoveryError: neither, or a slot count that is not a positive integer.
+    """
+    if isinstance(found, dict):
+        hosts = []
+        for name, slots in found.items():
+            if not isinstance(name, str) or not name or isinstance(slots, bool) or not isinstance(slots, int) \
+                    or slots < 1:
+                raise HostDiscoveryError(f"host discovery returned {name!r}: {slots!r}; expected a hostname and a "
+                                         f"slot count of at least 1")
+            hosts.append(HostInfo(name, slots))
+        return hosts
+    hosts = list(found) if isinstance(found, (list, tuple)) else None
+    if hosts is None or any(not isinstance(h, HostInfo) for h in hosts):
+        raise HostDiscoveryError(f"host discovery returned {found!r:.200}; expected a {{hostname: slots}} dict or "
+                                 f"a list of HostInfo")
+    return hosts
+
+
 class FixedHosts(HostDiscovery):
     """The hosts of ``-H``/``--hostfile`` for an elastic job: always the same."""
 
@@ -87,4 +111,4 @@ class FixedHosts(HostDiscovery):
 
 
 __all__ = ["HostDiscovery", "HostDiscoveryScript", "FixedHosts", "HostDiscoveryError", "parse_discovery_output",
-           "DISCOVER_HOSTS_FREQUENCY_SECS"]
+           "hosts_of", "DISCOVER_HOSTS_FREQUENCY_SECS"]

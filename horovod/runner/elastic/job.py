@@ -14,7 +14,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from horovod.common import elastic_records as protocol
-from horovod.runner.elastic.discovery import DISCOVER_HOSTS_FREQUENCY_SECS, HostDiscoveryError
+from horovod.runner.elastic.discovery import DISCOVER_HOSTS_FREQUENCY_SECS, HostDiscoveryError, hosts_of
 from horovod.runner.elastic.driver import (Blacklist, DriverView, ElasticSettings, Kill, Publish, Spawn, Stop, Wait,
                                            decide, host_update, plan_assignment, slot_keys)
 from horovod.runner.elastic.registry import WorkerRecord, WorkerRegistry
@@ -36,7 +36,7 @@ class ElasticJob:
 
     Args:
         settings: the job's knobs.
-        discovery: has ``find_available_hosts_and_slots() -> [HostInfo]``.
+        discovery: has ``find_available_hosts_and_slots()``: ``[HostInfo]`` or ``{hostname: slots}``.
         spawner: has ``spawn(slot) -> pid``, ``send_signal(key, sig)``, ``exits(timeout) -> [(key, pid, code)]``,
             ``forget(key, pid)`` and ``close()`` (see :class:`~horovod.runner.elastic.spawner.ElasticSpawner`).
         store: the rendezvous store (``put/get/delete/keys``).
@@ -90,7 +90,7 @@ class ElasticJob:
     def _discover(self, now: float) -> Optional[Stop]:
         self._next_discovery = now + self.discovery_interval
         try:
-            hosts = self.discovery.find_available_hosts_and_slots()
+            hosts = hosts_of(self.discovery.find_available_hosts_and_slots())
         except HostDiscoveryError as exc:
             if self.discovered is None:
                 return Stop(1, f"host discovery failed: {exc}")
