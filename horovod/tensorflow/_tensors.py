@@ -1,17 +1,24 @@
 """TensorFlow <-> numpy for the TensorFlow binding, and the one place that runs core code eagerly or in a graph.
 
-:func:`run_numpy` calls a function on numpy arrays. Executing eagerly it converts with ``.numpy()`` and
-``tf.convert_to_tensor``; while tracing (``tf.function``, Keras ``fit``) it becomes one stateful
-``tf.numpy_function`` op, so ``tf.function``'s automatic control dependencies run Horovod ops in program order on
-every rank (a blocking collective never waits behind another rank's different op). bfloat16 travels to the core as
-its ``uint16`` bit pattern with ``dtype="bfloat16"``. An eager tensor on a GPU goes as a
-:class:`~horovod.common.device.DeviceTensor` that the front door stages through host memory (``@host`` in its device
-name, ``HOST_STAGED`` in the timeline) and puts back on its GPU; inside a graph, ``tf.numpy_function`` hands the op
-host arrays itself.
+:func:`run_async` runs a collective in two halves: a submit that hands the arrays to the engine and returns at once,
+and a finish that waits for the result. Executing eagerly it converts with ``.numpy()`` and ``tf.convert_to_tensor``
+and runs both. While tracing (``tf.function``, Keras ``fit``, a TF1 graph) the submit is a stateful
+``tf.numpy_function`` that never blocks, and the finish runs inside ``IteratorGetNext`` of a one-op dataset: an
+asynchronous TensorFlow kernel with a thread of its own, so no collective ever holds a thread of TensorFlow's
+inter-op pool while it waits for other ranks (``docs/tensorflow.md`` says why that cannot deadlock).
+:func:`run_numpy` runs a plain function: one ``tf.numpy_function`` when it never blocks (the query ops), else on a
+worker thread of the job, waited for the same way. bfloat16 travels to the core as its ``uint16`` bit pattern with
+``dtype="bfloat16"``. An eager tensor on a GPU goes as a :class:`~horovod.common.device.DeviceTensor` that the front
+door stages through host memory (``@host`` in its device name, ``HOST_STAGED`` in the timeline) and puts back on its
+GPU; inside a graph, ``tf.numpy_function`` hands the op host arrays itself.
 """
 
 from __future__ import annotations
 
+import collections
+import queue
+import threading
+from concurrent.futures import Future
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -56,12 +63,54 @@ def from_core(array, dtype: tf.DType):
     return array.astype(dtype.as_numpy_dtype, copy=False)
 
 
+class _Workers:
+    """Daemon threads that run blocking functions for graph ops (:func:`run_numpy`): a new thread whenever none is
+    idle, so any number of functions can block at once; a thread idle for ``idle_s`` seconds ends."""
+
+    def __init__(self, idle_s: float = 10.0):
+        self._lock = threading.Lock()
+        self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._idle = 0           # threads waiting for a task, less the tasks queued for them
+        self._idle_s = idle_s
+
+    def submit(self, fn: Callable, *args) -> Future:
+        """Run ``fn(*args)`` on an idle thread or a new one; its future."""
+        future: Future = Future()
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+            self._tasks.put((future, fn, args))
+        if start:
+            threading.Thread(target=self._loop, name="horovod-tf-blocking", daemon=True).start()
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                future, fn, args = self._tasks.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._tasks.empty():
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as error:  # noqa: BLE001 — handed to the op that waits for it
+                future.set_exception(error)
+            del future, fn, args
+            with self._lock:
+                self._idle += 1
+
+
 class _Job:
     """The TensorFlow binding's per-job state (:meth:`horovod.runtime.context.Context.binding`)."""
 
     def __init__(self):
         # Written by the TensorFlow thread that ran the op, read by the caller's thread: a plain shared cell.
         self.graph_error: Optional[BaseException] = None
+        self.workers = _Workers()
 
 
 def _job() -> Optional[_Job]:
@@ -88,35 +137,139 @@ def executing_eagerly() -> bool:
     return tf.executing_eagerly()
 
 
-def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: Sequence[tf.DType],
+def _guarded(fn: Callable, *args):
+    """``fn(*args)``, keeping a Horovod error for elastic training before TensorFlow wraps it, and raising the
+    others as the TensorFlow classes Horovod's users catch (:func:`as_tf_error`)."""
+    try:
+        return fn(*args)
+    except (HorovodInternalError, HostsUpdatedInterrupt) as error:
+        job = _job()
+        if job is not None:
+            job.graph_error = error   # TensorFlow re-raises it as an OpError; see take_graph_error
+        raise
+    except Exception as error:  # noqa: BLE001 — re-raised as the TensorFlow class Horovod's users catch
+        converted = as_tf_error(error)
+        if converted is error:
+            raise
+        raise converted.with_traceback(error.__traceback__) from None
+
+
+# The waiter's dataset runs exactly one element per GetNext, when the op asks: nothing may run ahead of it.
+_WAIT_OPTIONS = tf.data.Options()
+_WAIT_OPTIONS.autotune.enabled = False
+_WAIT_OPTIONS.experimental_optimization.apply_default_optimizations = False
+_WAIT_OPTIONS.experimental_optimization.inject_prefetch = False
+_WAIT_OPTIONS.experimental_warm_start = False
+
+
+class _Waiter:
+    """The completion half of one graph op: the op's submissions, and an iterator whose ``GetNext`` waits for the
+    latest one.
+
+    ``IteratorGetNext`` is an asynchronous TensorFlow kernel with a thread of its own: the wait happens there (in
+    the dataset's ``numpy_function``), never on a thread of TensorFlow's inter-op pool.
+    """
+
+    def __init__(self, touts: List[tf.DType], name: str):
+        self.pending: collections.deque = collections.deque()
+        self.touts = touts
+        self.name = name
+        with tf.init_scope():    # out of control flow and dependencies; eager when tracing a tf.function
+            dataset = tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(
+                lambda i: tf.numpy_function(self._wait, [i], touts, stateful=True, name=f"{name}Wait"))
+            dataset = dataset.with_options(_WAIT_OPTIONS)
+            if tf.executing_eagerly():
+                self.iterator = iter(dataset)
+            else:
+                self.iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+        self.resource = self.iterator._iterator_resource     # noqa: SLF001 — the handle orders the op's halves
+
+    def _wait(self, _):
+        # The op's GetNext runs after its submission (a control dependency), so the latest entry is this run's;
+        # older ones are left by runs that TensorFlow aborted after the submission (another op failed).
+        try:
+            finish = self.pending.pop()
+        except IndexError:
+            raise HorovodInternalError(f"{self.name}: nothing submitted to wait for") from None
+        self.pending.clear()
+        return finish()
+
+    def outputs(self) -> List[tf.Tensor]:
+        return tf.nest.flatten(self.iterator.get_next())
+
+
+def run_async(submit: Callable[..., Callable[[], Sequence[np.ndarray]]], inputs: Sequence, touts: Sequence[tf.DType],
               shapes: Sequence, name: str = "Horovod") -> List[tf.Tensor]:
-    """Run ``fn(*arrays) -> arrays`` on ``inputs``, eagerly or as one graph op; returns tensors of ``touts``.
+    """Run a collective in two halves, eagerly or as graph ops; returns tensors of ``touts``.
+
+    ``submit(*arrays)`` hands the work to the engine and returns at once a ``finish()`` that waits and returns one
+    array per ``touts`` entry. Eagerly: both, one after the other. In a graph: ``submit`` is a stateful
+    ``tf.numpy_function`` that returns at once (so ``tf.function``'s automatic control dependencies chain the
+    submissions in program order, never behind a wait), and ``finish`` runs in the ``GetNext`` of a
+    :class:`_Waiter`'s iterator, an asynchronous kernel that holds no inter-op thread while it waits. However few
+    inter-op threads TensorFlow has, and in whatever order ranks run their independent collectives, every
+    collective is submitted; waits happen elsewhere; none can block another (``docs/tensorflow.md``).
+
+    Args:
+        submit: takes TensorFlow's numpy view of each input (bfloat16 as ``ml_dtypes``); must not block.
+        inputs: tensors (or values convertible to tensors).
+        touts: the output dtypes.
+        shapes: the static output shapes (``None`` entries for dimensions known only at run time).
+        name: the graph ops' name.
+    """
+    touts = list(touts)
+
+    def finish(done: Callable[[], Sequence[np.ndarray]]) -> List[np.ndarray]:
+        return [from_core(o, t) for o, t in zip(_guarded(done), touts)]
+
+    if tf.executing_eagerly():
+        arrays = [_eager_input(t) for t in inputs]
+        return [tf.convert_to_tensor(o) for o in finish(_guarded(submit, *arrays))]
+    waiter = _Waiter(touts, name)
+
+    def submit_op(_iterator, *arrays):
+        done = _guarded(submit, *arrays)
+        waiter.pending.append(lambda: finish(done))
+        return np.int64(0)
+
+    # The iterator's handle as an input: automatic control dependencies order this op after the previous use of
+    # the same iterator only (its last wait), not after every other stateful op (Horovod's ops are not stateful).
+    token = tf.numpy_function(submit_op, [waiter.resource, *inputs], tf.int64, stateful=True, name=name)
+    with tf.control_dependencies([token]):
+        outputs = waiter.outputs()
+    for output, shape in zip(outputs, shapes):
+        output.set_shape(shape)
+    return outputs
+
+
+def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: Sequence[tf.DType],
+              shapes: Sequence, name: str = "Horovod", blocking: bool = True) -> List[tf.Tensor]:
+    """Run ``fn(*arrays) -> arrays`` on ``inputs``, eagerly or in a graph; returns tensors of ``touts``.
+
+    A ``blocking`` function (one that waits for other ranks) runs in a graph on a thread of the job's own
+    (:class:`_Workers`, grown whenever none is idle) and is waited for like a collective (:func:`run_async`);
+    a function that never waits is one ``tf.numpy_function``.
 
     Args:
         fn: takes TensorFlow's numpy view of each input (bfloat16 as ``ml_dtypes``), returns one array per
-            ``touts`` entry; it may block on collectives.
+            ``touts`` entry.
         inputs: tensors (or values convertible to tensors).
         touts: the output dtypes.
         shapes: the static output shapes (``None`` entries for dimensions known only at run time).
         name: the graph op's name.
+        blocking: whether ``fn`` may wait for other ranks.
     """
+    if blocking and not tf.executing_eagerly():
+        def submit(*arrays):
+            job = _job()
+            if job is None:
+                raise ValueError("Horovod has not been initialized; use hvd.init().")
+            return job.workers.submit(fn, *arrays).result
+        return run_async(submit, inputs, touts, shapes, name)
     touts = list(touts)
 
     def call(*arrays):
-        """``fn`` on the arrays, keeping a Horovod error for elastic training before TensorFlow wraps it."""
-        try:
-            outputs = fn(*arrays)
-        except (HorovodInternalError, HostsUpdatedInterrupt) as error:
-            job = _job()
-            if job is not None:
-                job.graph_error = error   # TensorFlow re-raises it as an OpError; see take_graph_error
-            raise
-        except Exception as error:  # noqa: BLE001 — re-raised as the TensorFlow class Horovod's users catch
-            converted = as_tf_error(error)
-            if converted is error:
-                raise
-            raise converted.with_traceback(error.__traceback__) from None
-        return [from_core(o, t) for o, t in zip(outputs, touts)]
+        return [from_core(o, t) for o, t in zip(_guarded(fn, *arrays), touts)]
 
     if tf.executing_eagerly():
         arrays = [_eager_input(t) for t in inputs]
@@ -129,7 +282,7 @@ def run_numpy(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, touts: 
     return list(outputs)
 
 
-__all__ = ["check_dtype", "to_core", "from_core", "run_numpy", "executing_eagerly", "TF_OPS"]
+__all__ = ["check_dtype", "to_core", "from_core", "run_async", "run_numpy", "executing_eagerly", "TF_OPS"]
 
 
 def _gpu_index(tensor) -> Optional[int]:

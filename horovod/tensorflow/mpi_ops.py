@@ -1,6 +1,6 @@
 """Horovod's collectives on TensorFlow tensors, eagerly and inside ``tf.function``, with their gradients.
 
-Each op converts its tensors to numpy (:func:`horovod.tensorflow._tensors.run_numpy`), calls the one implementation
+Each op converts its tensors to numpy (:func:`horovod.tensorflow._tensors.run_async`), calls the one implementation
 in :mod:`horovod.runtime.collectives`, and converts back. The gradients, registered with ``tf.custom_gradient``, are
 Horovod's as written once in :mod:`horovod.runtime.collective_gradients`; the argument and scaling rules come from
 :mod:`horovod.runtime.gradient_policy`. This module spells them in TensorFlow.
@@ -34,7 +34,7 @@ from horovod.runtime.mpi_ops_names import (HorovodInternalError, HostsUpdatedInt
 from horovod.runtime.mpi_ops_names import _basics  # noqa: F401 — Horovod's mpi_ops._basics
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow._errors import SparseNotImplementedError
-from horovod.tensorflow._tensors import check_dtype, run_numpy, to_core
+from horovod.tensorflow._tensors import check_dtype, run_async, to_core
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.queries import (barrier, join, local_rank_op, local_size_op, process_set_included_op,
                                         rank_op, size_op)
@@ -93,13 +93,15 @@ def _gathered_shape(shape: tf.TensorShape) -> tf.TensorShape:
 
 
 def _core(single_async, grouped_async, grouped: bool, name: Optional[str], **kwargs) -> Callable:
-    """A numpy function running one core collective (grouped or not) on its arrays."""
-    def fn(*arrays):
+    """A submit function (:func:`run_async`) starting one core collective (grouped or not) on its arrays."""
+    def submit(*arrays):
         inputs = [to_core(a) for a in arrays]
         if grouped:
-            return grouped_async([a for a, _ in inputs], name=name, dtypes=[d for _, d in inputs], **kwargs).result()
-        return [single_async(inputs[0][0], name=name, dtype=inputs[0][1], **kwargs).result()]
-    return fn
+            handle = grouped_async([a for a, _ in inputs], name=name, dtypes=[d for _, d in inputs], **kwargs)
+            return handle.result
+        handle = single_async(inputs[0][0], name=name, dtype=inputs[0][1], **kwargs)
+        return lambda: [handle.result()]
+    return submit
 
 
 # -- allreduce ------------------------------------------------------------------------------------------------------
@@ -114,7 +116,7 @@ def _allreduce(tensors, grouped: bool, name=None, op=Sum, prescale_factor=1.0, p
                op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor, process_set=process_set)
 
     def forward(*xs):
-        return run_numpy(fn, xs, [t.dtype for t in xs], [t.shape for t in xs], "HorovodAllreduce")
+        return run_async(fn, xs, [t.dtype for t in xs], [t.shape for t in xs], "HorovodAllreduce")
 
     def grad(*dys):
         return _grads.grouped_allreduce_grad(_OPS, dys, op, prescale_factor, postscale_factor, process_set)
@@ -207,7 +209,7 @@ def _allgather(tensors, grouped: bool, name, ignore_name_scope, process_set) -> 
                process_set=process_set)
 
     def forward(*xs):
-        return run_numpy(fn, xs, [t.dtype for t in xs], [_gathered_shape(t.shape) for t in xs], "HorovodAllgather")
+        return run_async(fn, xs, [t.dtype for t in xs], [_gathered_shape(t.shape) for t in xs], "HorovodAllgather")
 
     def grad(*dys):
         return [_grads.allgather_grad(_OPS, dy, x, process_set) for dy, x in zip(dys, tensors)]
@@ -235,8 +237,8 @@ def _broadcast_raw(tensors: List[tf.Tensor], root_rank, name, process_set) -> Li
             array, dtype = to_core(a)
             each = f"{prefix}.{i}" if len(arrays) > 1 else prefix
             handles.append(_c.broadcast_async(array, root_rank, name=each, process_set=process_set, dtype=dtype))
-        return [h.result() for h in handles]
-    return run_numpy(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HorovodBroadcast")
+        return lambda: [h.result() for h in handles]
+    return run_async(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HorovodBroadcast")
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -281,10 +283,14 @@ def _alltoall_raw(tensor, splits, name, process_set):
     def fn(array, split_array):
         array, dtype = to_core(array)
         use = None if split_array.size == 0 else split_array
-        output, received = _c.alltoall_async(array, use, name=name, process_set=process_set, dtype=dtype).result()
-        return [output, np.asarray(received, dtype=np.int32)]
+        handle = _c.alltoall_async(array, use, name=name, process_set=process_set, dtype=dtype)
+
+        def finish():
+            output, received = handle.result()
+            return [output, np.asarray(received, dtype=np.int32)]
+        return finish
     size = _policy.set_size(process_set)
-    return run_numpy(fn, [tensor, splits], [tensor.dtype, tf.int32], [_gathered_shape(tensor.shape), [size]],
+    return run_async(fn, [tensor, splits], [tensor.dtype, tf.int32], [_gathered_shape(tensor.shape), [size]],
                      "HorovodAlltoall")
 
 
@@ -327,7 +333,7 @@ def _reducescatter(tensors, grouped, compression, op, name, process_set, ignore_
                prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
     def forward(*xs):
-        return run_numpy(fn, xs, [t.dtype for t in xs], [_gathered_shape(t.shape) for t in xs],
+        return run_async(fn, xs, [t.dtype for t in xs], [_gathered_shape(t.shape) for t in xs],
                          "HorovodReducescatter")
 
     def grad(*dys):

@@ -1,8 +1,9 @@
 """Ops that read Horovod's state when they run, not when they are traced, and the synchronisation ops.
 
 Inside ``tf.function`` a Python ``hvd.size()`` is frozen into the graph at trace time; ``size_op()`` and its siblings
-are read each time the graph runs, which an elastic job (whose size changes) needs. ``join`` and ``barrier`` are
-stateful ops, ordered with the collectives by ``tf.function``'s automatic control dependencies.
+are read each time the graph runs, which an elastic job (whose size changes) needs. ``join`` and ``barrier`` wait
+for the other ranks like the collectives, on a thread of their own, never on one of TensorFlow's inter-op threads;
+like Horovod's ops they are ordered by their data and control dependencies only.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from horovod.tensorflow._tensors import run_numpy
 __all__ = ["join", "barrier", "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op"]
 
 
-def _int_op(value_fn, name):
-    return run_numpy(lambda: [np.int32(value_fn())], [], [tf.int32], [[]], name or "HorovodQuery")[0]
+def _int_op(value_fn, name, blocking=False):
+    return run_numpy(lambda: [np.int32(value_fn())], [], [tf.int32], [[]], name or "HorovodQuery", blocking)[0]
 
 
 def join():
     """Declare that this rank has no more data; returns (as a tensor) the last rank to join. Meanwhile this rank
     contributes zeros to the others' allreduces."""
-    return _int_op(_c.join, "HorovodJoin")
+    return _int_op(_c.join, "HorovodJoin", blocking=True)
 
 
 def barrier(process_set=global_process_set):
@@ -33,7 +34,7 @@ def barrier(process_set=global_process_set):
     if tf.executing_eagerly():
         _c.barrier(process_set=process_set)
         return None
-    return _int_op(lambda: _c.barrier(process_set=process_set) or 0, "HorovodBarrier")
+    return _int_op(lambda: _c.barrier(process_set=process_set) or 0, "HorovodBarrier", blocking=True)
 
 
 def size_op(process_set_id=0, name=None):
