@@ -152,3 +152,119 @@ def test_the_elastic_drivers_wait_for_hosts_counts_down():
     assert countdown[0] == "still waiting for 2 slot(s): 1 available (a:1); 54s left of 60s"
     lefts = [int(line.split("; ")[1].split("s left")[0]) for line in countdown]
     assert lefts == sorted(lefts, reverse=True) and 5 <= len(lefts) <= 12 and lefts[-1] <= 6
+
+
+# Issue 49, item 10: TensorFlow's start-up notes. The launcher gives workers TF_CPP_MIN_LOG_LEVEL=1 unless the user
+# set it, and its relay drops what TensorFlow logs at INFO before that level takes effect (absl's preamble, the
+# oneDNN note): nothing else, never a warning, an error, stdout or a Python log line.
+PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+ONEDNN = ("I0000 00:00:1796646901.298749    2135 port.cc:153] oneDNN custom operations are on. You may see slightly "
+          "different numerical results due to floating-point round-off errors from different computation orders. "
+          "To turn them off, set the environment variable `TF_ENABLE_ONEDNN_OPTS=0`.")
+CPU_NOTE = ("To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with the "
+            "appropriate compiler flags.")
+
+
+@pytest.mark.unit
+def test_only_tensorflows_early_info_lines_count_as_startup_notes():
+    from horovod.runner.noise import is_startup_note
+    for line in (PREAMBLE, ONEDNN, CPU_NOTE,
+                 "I1207 12:00:00.123456  140 cpu_feature_guard.cc:227] This TensorFlow binary is optimized"):
+        assert is_startup_note(line), line
+    for line in ("W0000 00:00:1796646901.298749    2135 port.cc:153] a warning",
+                 "E0000 00:00:1796646901.298749    2135 cuda_dnn.cc:8310] Unable to register cuDNN factory",
+                 "I1207 12:00:00.123456 140 train.py:12] the user's own absl log line",
+                 "USER " + ONEDNN, ONEDNN.replace("I0000", "I0000X"), "WARNING: something of the user's",
+                 "/x/train.py:3: UserWarning: mine", ""):
+        assert not is_startup_note(line), line
+
+
+@pytest.mark.unit
+def test_workers_get_tensorflows_quiet_level_unless_the_user_set_one():
+    from horovod.runner.noise import hides_notes, quiet_defaults
+    from horovod.runner.pipeline import job_env
+    from horovod.runner.rendezvous import RendezvousInfo
+    info = RendezvousInfo("127.0.0.1", 1, b"k" * 32)
+    assert job_env({}, info)["TF_CPP_MIN_LOG_LEVEL"] == "1"
+    assert job_env({"TF_CPP_MIN_LOG_LEVEL": "0"}, info)["TF_CPP_MIN_LOG_LEVEL"] == "0"     # the user's, kept
+    assert job_env({}, info, {"TF_CPP_MIN_LOG_LEVEL": "2"})["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert quiet_defaults({"TF_CPP_MIN_LOG_LEVEL": "0"}) == {}
+    assert [hides_notes({"TF_CPP_MIN_LOG_LEVEL": v}) for v in ("0", "1", "3", "x")] == [False, True, True, False]
+    assert not hides_notes({})
+
+
+@pytest.mark.unit
+def test_the_relay_hides_notes_on_screen_only_when_asked_and_keeps_them_in_files(tmp_path):
+    import io
+    from horovod.runner.output import OutputSink
+    for hide in (True, False):
+        out, err = io.StringIO(), io.StringIO()
+        sink = OutputSink(1, out, err, str(tmp_path / str(hide)), hide_notes=hide)
+        for stream, line in (("stderr", PREAMBLE), ("stderr", ONEDNN), ("stderr", "mine on stderr"),
+                             ("stdout", ONEDNN), ("stdout", "mine")):
+            sink.write(0, stream, line)
+        sink.close()
+        shown = err.getvalue().splitlines()
+        assert shown == (["[0]<stderr>:mine on stderr"] if hide else
+                         [f"[0]<stderr>:{PREAMBLE}", f"[0]<stderr>:{ONEDNN}", "[0]<stderr>:mine on stderr"])
+        assert out.getvalue().splitlines() == [f"[0]<stdout>:{ONEDNN}", "[0]<stdout>:mine"]     # stdout: all
+        assert (tmp_path / str(hide) / "rank.0" / "stderr").read_text().count("\n") == 3       # files: all
+
+
+TF_JOB = """
+import sys, warnings
+import tensorflow as tf
+import horovod.tensorflow as hvd
+hvd.init()
+total = hvd.allreduce(tf.constant([1.0, 2.0]), op=hvd.Sum)
+print("USER-LINE", hvd.rank(), total.numpy().tolist())
+print("USER-STDERR", hvd.rank(), file=sys.stderr)
+warnings.warn(f"USER-WARNING {hvd.rank()}")
+hvd.shutdown()
+"""
+
+
+@pytest.mark.cli
+def test_a_successful_tensorflow_job_shows_the_users_output_once_and_no_startup_notes(tmp_path):
+    import importlib.util
+    if importlib.util.find_spec("tensorflow") is None:     # (not imported here: a minute on a busy machine)
+        pytest.skip("the tensorflow extra is not installed")
+    (tmp_path / "job.py").write_text(TF_JOB)
+    env = {**{k: v for k, v in config.environ_snapshot().items() if not k.startswith("TF_")}, **package_pythonpath()}
+    proc = subprocess.run([sys.executable, "-m", "horovod.runner", "-np", "2", sys.executable, "job.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = proc.stdout + proc.stderr
+    for noise in ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard",
+                  "This TensorFlow binary is optimized"):
+        assert noise not in said, said[-3000:]
+    for rank in (0, 1):
+        assert proc.stdout.count(f"[{rank}]<stdout>:USER-LINE {rank} [2.0, 4.0]") == 1, proc.stdout
+        assert proc.stderr.count(f"[{rank}]<stderr>:USER-STDERR {rank}") == 1, proc.stderr
+        assert proc.stderr.count(f"UserWarning: USER-WARNING {rank}") == 1, proc.stderr     # the user's warnings pass
+
+
+SPARK_IMPORT = """
+import warnings
+before = list(warnings.filters)
+import horovod.spark
+assert warnings.filters == before, "importing horovod.spark changed the process's warning filters"
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import pyspark.testing.utils      # what every SparkContext start loads, and where pyspark warns
+    warnings.warn("USER-OWN", FutureWarning)
+print(sorted(str(w.message)[:40] for w in caught))
+"""
+
+
+@pytest.mark.unit
+def test_pysparks_pandas_warning_is_quieted_and_nothing_else(tmp_path):
+    # Every SparkContext start printed pyspark's "does not yet fully support pandas >= 3.0.0" FutureWarning; after
+    # import horovod.spark only that one is gone: the user's own FutureWarning still shows, and the process's
+    # filters are as they were.
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    proc = subprocess.run([sys.executable, "-c", SPARK_IMPORT], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**config.environ_snapshot(), **package_pythonpath()})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "['USER-OWN']", proc.stdout + proc.stderr[-2000:]
+    assert "does not yet fully support pandas" not in proc.stderr, proc.stderr

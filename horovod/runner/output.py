@@ -19,6 +19,7 @@ import threading
 from typing import IO, Callable, Deque, Dict, Hashable, List, Optional, TextIO, Tuple
 
 from horovod.common.safe_files import open_for_writing
+from horovod.runner.noise import is_startup_note
 
 __all__ = ["OutputSink", "PieceSplitter", "relay_pieces", "relay_lines", "PIECE_CHARS", "READ_BYTES"]
 
@@ -35,10 +36,14 @@ class OutputSink:
 
     Output that cannot be written (``horovodrun ... | head``, a closed terminal) is dropped from then on, with one
     warning: the job goes on, and the workers' pipes keep being drained.
+
+    With ``hide_notes``, TensorFlow's INFO lines from before its log level took effect are kept off the screen
+    (:mod:`horovod.runner.noise`); the per-rank files still get them.
     """
 
     def __init__(self, size: int, stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
-                 output_dir: Optional[str] = None, timestamp: bool = False):
+                 output_dir: Optional[str] = None, timestamp: bool = False, hide_notes: bool = False):
+        self._hide_notes = hide_notes
         self._stdout = stdout
         self._stderr = stderr
         self._timestamp = timestamp
@@ -64,8 +69,9 @@ class OutputSink:
         if self._timestamp:
             prefix = f"{datetime.datetime.now().strftime('%a %b %d %H:%M:%S %Y')}[{rank}]<{stream}>:"
         target = (self._stdout or sys.stdout) if stream == "stdout" else (self._stderr or sys.stderr)
+        shown = not (self._hide_notes and stream == "stderr" and is_startup_note(line))
         with self._lock:
-            if not self._broken.get(stream):
+            if shown and not self._broken.get(stream):
                 try:
                     target.write(prefix + line + ("\r" if end == "\r" else "\n"))
                     target.flush()
@@ -75,7 +81,7 @@ class OutputSink:
             if handle is not None:
                 handle.write(line + end)
                 handle.flush()
-            if stream == "stderr" and end != "\r":
+            if shown and stream == "stderr" and end != "\r":
                 tail = self._tails.get(rank)
                 if tail is None:
                     tail = self._tails[rank] = collections.deque(maxlen=TAIL_LINES)

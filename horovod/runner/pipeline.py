@@ -27,6 +27,7 @@ from horovod.common.rendezvous_client import secret_to_hex
 from horovod.runner.backends.base import Backend, WorkerLaunch
 from horovod.runner.backends.local import LocalBackend
 from horovod.runner.hosts import SlotInfo
+from horovod.runner.noise import hides_notes, quiet_defaults
 from horovod.runner.output import OutputSink
 from horovod.runner.procgroup import forward_signals
 from horovod.runner.rendezvous import RendezvousInfo
@@ -92,7 +93,8 @@ def slot_env(slot: SlotInfo) -> Dict[str, str]:
 
 def job_env(base: Mapping[str, str], rendezvous: RendezvousInfo, extra: Mapping[str, str] = ()) -> Dict[str, str]:
     """What every worker of a job shares: ``base`` without launcher-decided variables, ``extra``, the rendezvous
-    address, the job secret and the controller.
+    address, the job secret and the controller, and the quiet defaults neither set
+    (:func:`horovod.runner.noise.quiet_defaults`: ``TF_CPP_MIN_LOG_LEVEL=1``).
 
     Returns:
         A new dict; ``base`` is not modified.
@@ -107,6 +109,7 @@ def job_env(base: Mapping[str, str], rendezvous: RendezvousInfo, extra: Mapping[
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "PYTHONUNBUFFERED": "1",
     })
+    env.update(quiet_defaults(env))     # TensorFlow's INFO off unless the user set its level
     if rendezvous.scope:
         env["HOROVOD_RENDEZVOUS_SCOPE"] = rendezvous.scope
     return env
@@ -199,7 +202,8 @@ def run_job(launch: LaunchConfig, backend: Backend, rendezvous: Union[Rendezvous
     launches = plan_launches(launch, rendezvous)
     if launches:  # every worker gets the same variables but its place: one report for the job, not one per rank
         config.report_variables(launches[0].env)
-    sink = OutputSink(len(launches), stdout, stderr, launch.output_filename, launch.prefix_timestamp)
+    sink = OutputSink(len(launches), stdout, stderr, launch.output_filename, launch.prefix_timestamp,
+                      hide_notes=bool(launches) and hides_notes(launches[0].env))
     if launch.verbose:  # on standard output, where Horovod's verbose launcher prints
         print("\n".join(describe_job(launches, rendezvous, backend.name)), file=stdout or sys.stdout, flush=True)
     with Supervisor(sink, launch.grace_seconds, log=log, settle_seconds=settle_seconds(launch)) as supervisor, \

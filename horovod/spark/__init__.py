@@ -16,6 +16,18 @@ except ImportError as _exc:  # pragma: no cover — exercised in a subprocess by
     from horovod.common.extras import install_hint
     raise ImportError(f"horovod.spark needs pyspark: {install_hint('spark')}") from _exc
 
-from horovod.spark.runner import SparkStartTimeoutError, run, run_elastic
+import warnings as _warnings
+
+with _warnings.catch_warnings():
+    # Every SparkContext start loads pyspark.testing.utils (pyspark.sql.types.can_convert), which warns that PySpark
+    # "does not yet fully support pandas >= 3.0.0" (the spark extra's pandas): loaded now with that one
+    # FutureWarning ignored, it has nothing left to say. The filter ends with this block: other warnings show.
+    _warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    try:
+        import pyspark.testing.utils  # noqa: F401
+    except Exception:  # noqa: BLE001 — an optional module of pyspark's; without it there is nothing to quiet
+        pass
+
+from horovod.spark.runner import SparkStartTimeoutError, run, run_elastic  # noqa: E402
 
 __all__ = ["run", "run_elastic", "SparkStartTimeoutError"]

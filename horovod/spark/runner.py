@@ -23,6 +23,7 @@ from horovod.runner.elastic.job import ElasticJob
 from horovod.runner.elastic.spawner import ElasticSpawner
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.pipeline import package_pythonpath, worker_env
+from horovod.runner.noise import hides_notes
 from horovod.runner.output import OutputSink
 from horovod.runner.procgroup import forward_signals
 from horovod.runner.outcomes import FunctionExchange, raise_for_outcomes
@@ -137,7 +138,7 @@ def run(fn, args: Sequence = (), kwargs: Optional[Dict[str, Any]] = None, num_pr
         launches = [WorkerLaunch(slot, _RUN_TASK, worker_env({}, slot, job.rendezvous, extra)) for slot in slots]
         config.report_variables({**config.environ_snapshot(), **extra})  # the ranks leave it to the driver
         backend = SparkBackend(lambda launch: agents[by_rank[launch.rank]], executable, timeout)
-        sink = OutputSink(num_proc, stdout, stderr, None, prefix_output_with_timestamp)
+        sink = OutputSink(num_proc, stdout, stderr, None, prefix_output_with_timestamp, hides_notes(launches[0].env))
         result = _supervise(launches, backend, sink, verbose)
         exchange.collect(job.store)
     return raise_for_outcomes(root_cause_first(result, exchange.outcomes), exchange.outcomes, num_proc)

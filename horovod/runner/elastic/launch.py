@@ -18,6 +18,7 @@ from horovod.runner.elastic.job import ElasticJob
 from horovod.runner.elastic.spawner import ElasticSpawner
 from horovod.runner.hosts import resolve_hosts
 from horovod.runner.network import parse_nics
+from horovod.runner.noise import hides_notes, quiet_defaults
 from horovod.runner.output import OutputSink
 from horovod.runner.procgroup import forward_signals
 from horovod.runner.rendezvous import LOOPBACK, RendezvousPool, plan_rendezvous, remote_hosts
@@ -99,9 +100,12 @@ def run_elastic_job(command: Sequence[str], settings: ElasticSettings, discovery
         pool.serve(local_address)
         if prepare_store is not None:
             prepare_store(pool.store)
-        supervisor = Supervisor(OutputSink(0, stdout, stderr, None, prefix_timestamp))
+        base = config.environ_snapshot()
+        shared = {**base, **env}                # what every worker's environment holds but its place and address
+        supervisor = Supervisor(OutputSink(0, stdout, stderr, None, prefix_timestamp,
+                                           hide_notes=hides_notes({**shared, **quiet_defaults(shared)})))
         spawner = ElasticSpawner(command, backend, supervisor, lambda host: pool.serve_for(host, nics, local_address),
-                                 config.environ_snapshot(), env)
+                                 base, env)
         job = ElasticJob(settings, discovery, spawner, pool.store)
         with forward_signals(job.interrupt):
             result = job.run()
