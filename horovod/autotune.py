@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import statistics
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -293,7 +292,7 @@ class Autotuner:
             return
         self._scores.append(score)
         if len(self._scores) >= SAMPLES_PER_CANDIDATE:
-            score = statistics.median(self._scores)
+            score = float(np.median(self._scores))
             self._scores = []
             try:
                 self.search.observe(self._point, score)

@@ -9,9 +9,7 @@ instants. A writer thread drains a queue; after every flush (at most every 100 m
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import threading
 import time
 from typing import Dict, Optional
@@ -27,6 +25,7 @@ _FLUSH_SECONDS = 0.1
 class _Writer(threading.Thread):
     def __init__(self, path: str):
         super().__init__(name="horovod-timeline", daemon=True)
+        import queue     # (here, as json below: a job without a timeline does not pay their imports at start-up)
         self.path = path
         self.records: "queue.SimpleQueue[Optional[dict]]" = queue.SimpleQueue()
         self._file = open_for_writing(path, "the timeline")     # /tmp/timeline.json: no symlink followed
@@ -35,6 +34,7 @@ class _Writer(threading.Thread):
         self._first = True
 
     def run(self) -> None:
+        import queue
         stop = False
         while not stop:
             batch = []
@@ -55,6 +55,7 @@ class _Writer(threading.Thread):
     def _write(self, batch) -> None:
         # Overwrite the closing bracket, append, and close the array again: valid JSON after every flush.
         self._file.seek(self._file.tell() - 1)
+        import json
         text = ",\n".join(json.dumps(r, separators=(",", ":")) for r in batch)
         self._file.write(("" if self._first else ",\n") + text + "\n]")
         self._first = False

@@ -13,7 +13,6 @@ also warns once about each ``HOROVOD_*`` variable that is no setting, naming the
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import os
 import typing
@@ -41,12 +40,8 @@ def _parse_bool(text: str) -> bool:
     return int(lowered) > 0
 
 
-_PARSERS: Dict[type, Callable[[str], Any]] = {
-    bool: _parse_bool,
-    int: lambda text: int(text.strip()),
-    float: lambda text: float(text.strip()),
-    str: lambda text: text,
-}
+_PARSERS: Dict[type, Callable[[str], Any]] = {bool: _parse_bool, int: lambda text: int(text.strip()),
+                                              float: lambda text: float(text.strip()), str: lambda text: text}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +93,10 @@ class Setting:
         if self.choices is not None and value is not None:
             spelled = {c.lower(): c for c in self.choices}.get(str(value).strip().lower())
             if spelled is None:
-                close = difflib.get_close_matches(str(value).strip().upper(), [c.upper() for c in self.choices], n=1)
-                hint = f"; did you mean {self.choices[[c.upper() for c in self.choices].index(close[0])]}?" \
-                    if close else ""
+                import difflib
+                upper = [c.upper() for c in self.choices]
+                close = difflib.get_close_matches(str(value).strip().upper(), upper, n=1)
+                hint = f"; did you mean {self.choices[upper.index(close[0])]}?" if close else ""
                 raise HorovodConfigError(f"{source}={value!r}: use {', '.join(self.choices)}{hint}")
             return spelled
         return value
@@ -309,8 +305,11 @@ _warned: Set[str] = set()
 
 def unknown_variables(environ: Mapping[str, str]) -> Dict[str, Optional[str]]:
     """Each ``HOROVOD_*`` name of ``environ`` that is no setting, with the closest setting's name (or None)."""
-    return {name: next(iter(difflib.get_close_matches(name, SETTINGS_BY_ENV, n=1)), None)
-            for name in environ if name.startswith("HOROVOD_") and name not in SETTINGS_BY_ENV}
+    unknown = [name for name in environ if name.startswith("HOROVOD_") and name not in SETTINGS_BY_ENV]
+    if not unknown:
+        return {}
+    import difflib     # (only then: its import costs every rank's start-up ~5 ms)
+    return {name: next(iter(difflib.get_close_matches(name, SETTINGS_BY_ENV, n=1)), None) for name in unknown}
 
 
 def report_variables(environ: Mapping[str, str], explicit: Optional[FrozenSet[str]] = None) -> None:

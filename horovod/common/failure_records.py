@@ -14,7 +14,6 @@ Records are small JSON documents, validated when decoded.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import time
 import traceback as _traceback
@@ -54,6 +53,7 @@ class FailureRecord:
 
     def encode(self) -> bytes:
         """The record as JSON bytes."""
+        import json     # (here: a rank that never fails does not pay the import at start-up)
         return json.dumps(dataclasses.asdict(self)).encode()
 
     @staticmethod
@@ -63,6 +63,7 @@ class FailureRecord:
         Raises:
             ValueError: not a record.
         """
+        import json
         fields = json.loads(data)
         if not isinstance(fields, dict) or set(fields) != {f.name for f in dataclasses.fields(FailureRecord)}:
             raise ValueError("not a failure record")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import http.client
 import re
 import secrets
+import socket
 import struct
 import time
 import urllib.parse
@@ -75,24 +75,20 @@ class RendezvousClient:
             if left <= 0:
                 raise RendezvousError(f"rendezvous server {self.addr}:{self.port} gave no answer in time "
                                       f"(HOROVOD_START_TIMEOUT {self.timeout:g} s): {last_error or 'no reply'}")
-            conn = http.client.HTTPConnection(self.addr, self.port, timeout=left)
             try:
-                conn.request(method, path, body=body,
-                             headers=signed_headers(self.secret, method, path, body, self._clock_offset))
-                response = conn.getresponse()
-                status, reply = response.status, response.read()
-                server_clock = response.getheader("X-Horovod-Time")
+                status, headers, reply = _exchange(self.addr, self.port, left, method, path, body,
+                                                   signed_headers(self.secret, method, path, body,
+                                                                  self._clock_offset))
+                server_clock = headers.get("x-horovod-time")
                 if status == 403 and server_clock and attempt == 0:
                     self._clock_offset = _offset(server_clock, self._clock_offset)
                     attempt += 1
                     continue
                 return status, reply
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:
                 last_error = exc
                 attempt += 1
                 time.sleep(min(0.2 * attempt, 1.0, max(0.0, deadline - time.monotonic())))
-            finally:
-                conn.close()
 
     @staticmethod
     def _path(*parts: str) -> str:
@@ -159,6 +155,56 @@ class RendezvousClient:
 
 
 _ITEM = struct.Struct("!II")
+
+
+class _BadReply(OSError):
+    """The server's reply is not the HTTP/1.1 our server writes (retried like a connection error)."""
+
+
+_MAX_REPLY_HEAD = 64 * 1024
+
+
+def _exchange(addr: str, port: int, timeout: float, method: str, path: str, body: bytes,
+              headers: Dict[str, str]) -> tuple:
+    """One HTTP/1.1 request on a new connection: (status, lower-cased headers, body).
+
+    Our server answers every request with a ``Content-Length`` and closes the connection, so this is all the HTTP a
+    rank needs: ``http.client`` would cost every rank's start-up its imports (``ssl``, ``email``, ``calendar``:
+    tens of milliseconds of CPU each time a rank starts, which a 256-rank start on two cores pays 256 times).
+
+    Raises:
+        OSError: the connection failed or timed out; ``_BadReply`` for a malformed reply.
+    """
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {addr}:{port}", f"Content-Length: {len(body)}",
+             "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    with socket.create_connection((addr, port), timeout=timeout) as sock:
+        sock.sendall(request)
+        received = bytearray()
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    head, sep, rest = bytes(received).partition(b"\r\n\r\n")
+    if not sep or len(head) > _MAX_REPLY_HEAD:
+        raise _BadReply(f"incomplete reply from {addr}:{port} ({len(received)} bytes)")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise _BadReply(f"malformed status line from {addr}:{port}: {status_line[:80]!r}")
+    reply_headers: Dict[str, str] = {}
+    for line in header_lines:
+        name, colon, value = line.partition(":")
+        if colon:
+            reply_headers[name.strip().lower()] = value.strip()
+    length = reply_headers.get("content-length")
+    if length is not None:
+        if not length.isdigit() or int(length) > len(rest):
+            raise _BadReply(f"reply from {addr}:{port} ended before its {length} bytes of body")
+        rest = rest[:int(length)]
+    return int(parts[1]), reply_headers, rest
 
 
 def pack_items(items: Dict[str, bytes]) -> bytes:

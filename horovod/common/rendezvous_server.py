@@ -38,7 +38,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import hmac
-import http.client
+import http
 import math
 import re
 import selectors
@@ -58,6 +58,7 @@ __all__ = ["KVStore", "RendezvousServer", "REQUEST_SECONDS", "MAX_UNAUTHENTICATE
 
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_LINE_BYTES = 8 * 1024
+_KNOWN_CODES = frozenset(status.value for status in http.HTTPStatus)
 _REQUEST_LINE = re.compile(rb"^[A-Z]{1,16} /[!-~]* HTTP/1\.[01]\r$")
 _METHOD_SO_FAR = re.compile(rb"^(?:[A-Z]{1,16} |[A-Z]{0,16}$)")      # what a request's first bytes can be
 
@@ -276,7 +277,7 @@ class _Loop(Admission):
         """Answer and close after the last byte (one request a connection; a refused body is never read)."""
         self.unauthenticated.pop(conn, None)
         conn.waiting = conn.waiting or (math.inf, lambda: None)     # reads from now on are ignored
-        reason = http.client.responses.get(code, "")
+        reason = http.HTTPStatus(code).phrase if code in _KNOWN_CODES else ""
         head = [f"HTTP/1.1 {code} {reason}", f"Content-Length: {len(body)}", "Connection: close"]
         head += [f"{name}: {value}" for name, value in (headers or {}).items()]
         conn.outbox += ("\r\n".join(head) + "\r\n\r\n").encode() + body

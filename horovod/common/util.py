@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.metadata
 import importlib.util
 import os
 import re
@@ -114,6 +113,7 @@ def _nccl_version_code() -> int:
             return version[0] * 10000 + version[1] * 100 + version[2]
         except Exception:     # a CUDA torch without NCCL: none
             return 0
+    import importlib.metadata     # (here: it costs a start-up 10-20 ms of CPU, email and zipfile included)
     for dist in importlib.metadata.distributions():
         name = (dist.metadata["Name"] or "").lower()
         if name.startswith("nvidia-nccl-cu"):
@@ -126,6 +126,7 @@ def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
     """Whether binding ``ext_base_name``'s collectives can run on GPUs here: torch built with CUDA (its device plane
     serves torch, and JAX through DLPack); TensorFlow and JAX stage GPU tensors through the host, so theirs is
     whether their own GPU build is installed."""
+    import importlib.metadata
     if ext_base_name in ("torch", "jax"):
         found = torch_cuda_version() is not None if ext_base_name == "torch" else any(
             (d.metadata["Name"] or "").lower().startswith("jax-cuda") for d in importlib.metadata.distributions())
@@ -138,6 +139,7 @@ def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
 
 
 def _distribution_installed(name: str) -> bool:
+    import importlib.metadata
     try:
         importlib.metadata.version(name)
         return True

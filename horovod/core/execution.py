@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import threading
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -149,6 +148,7 @@ def _thread_stacks() -> str:
         parts.append(f"  thread {names.get(ident, ident)}:")
         parts.extend(f"    {entry.filename}:{entry.lineno} in {entry.name}" for entry in traceback.extract_stack(frame))
     try:
+        import tempfile     # (only here: the import costs every rank's start-up ~10 ms of CPU)
         fd, path = tempfile.mkstemp(prefix=f"horovod-stacks-{os.getpid()}-", suffix=".txt")
         with os.fdopen(fd, "w") as out:
             out.write("\n".join(parts) + "\n")

@@ -11,7 +11,6 @@ import hashlib
 import types
 from typing import Any, List, Optional, Sequence
 
-import cloudpickle
 import numpy as np
 
 from horovod.runtime import basics
@@ -365,6 +364,7 @@ def join() -> int:
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Broadcast any cloudpicklable object from ``root_rank``; returns the root's object on every rank."""
+    import cloudpickle     # (only in object collectives: its import costs every rank's start-up ~10 ms)
     name = name or type(obj).__name__
     if basics.rank() == root_rank:
         payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
@@ -382,6 +382,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Gather one cloudpicklable object from every rank of the set; returns them ordered by rank."""
     name = name or type(obj).__name__
+    import cloudpickle
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.sz", process_set=process_set)
     data = allgather(payload, name=f"{name}.t", process_set=process_set)

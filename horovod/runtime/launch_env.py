@@ -36,7 +36,6 @@ from horovod.common import config as _config
 from horovod.common.exceptions import HorovodConfigError, HorovodInternalError, RendezvousError
 from horovod.common.netaddr import first_interface_address, local_ipv4_addresses, source_address
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
-from horovod.common.rendezvous_server import RendezvousServer
 from horovod.common.starters import MPI_STARTERS, TORCH_STYLE, ExternalSlot, detect, env_int
 from horovod.common.types import Topology
 from horovod.runtime import mpi_bootstrap, torchrun
@@ -78,6 +77,7 @@ def _serve(addr: str, port: int, secret: bytes) -> int:
         bind = socket.gethostbyname(addr)
     except OSError as exc:
         raise HorovodConfigError(f"HOROVOD_RENDEZVOUS_ADDR={addr!r} does not resolve: {exc}") from None
+    from horovod.common.rendezvous_server import RendezvousServer     # (rank 0 under torchrun only)
     server = RendezvousServer(secret, host=bind, port=port)
     try:
         server.start()
