@@ -17,10 +17,15 @@ __all__ = ["TensorMismatchOpError", "InvalidArgumentValueError", "SparseNotImple
 
 
 class TensorMismatchOpError(TensorMismatchError, tf.errors.FailedPreconditionError):
-    """Ranks disagree on a tensor: a :class:`TensorMismatchError` and a ``tf.errors.FailedPreconditionError``."""
+    """Ranks disagree on a tensor: a :class:`TensorMismatchError` and a ``tf.errors.FailedPreconditionError``.
 
-    def __init__(self, message: str):
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+    Made from a message, or as TensorFlow makes an ``OpError`` (``node_def, op, message``: a session re-raises an
+    error of a graph op that way).
+    """
+
+    def __init__(self, *args):
+        node_def, op, message = (None, None, args[0]) if len(args) == 1 else args[:3]
+        tf.errors.FailedPreconditionError.__init__(self, node_def, op, message)
         self.args = (message,)
 
     def __str__(self) -> str:
@@ -47,6 +52,31 @@ class InvalidArgumentValueError(ValueError, tf.errors.InvalidArgumentError):
 class SparseNotImplementedError(NotImplementedError, ValueError):
     """An op or scaling Horovod does not do on ``tf.IndexedSlices``: Horovod's ``NotImplementedError``, and the
     ``ValueError`` the shared policy raises elsewhere."""
+
+
+# -- graph ops -------------------------------------------------------------------------------------------------------
+# A Python exception in a tf.numpy_function reaches the caller as the TensorFlow error of its status code, and the
+# py_func kernel knows only ValueError/TypeError (InvalidArgument), NotImplementedError (Unimplemented),
+# StopIteration and MemoryError: a mismatch would surface from a graph as UnknownError, whose message carries our
+# exception's class and text. TensorFlow makes that error by calling UnknownError(node_def, op, message) (in C++ for
+# a session, in Python for a tf.function), so UnknownError's __new__ returns a TensorMismatchOpError, with the same
+# message, when that message names one; every other UnknownError is made as before.
+_MISMATCH_MARKER = f"{TensorMismatchOpError.__module__}.{TensorMismatchOpError.__qualname__}: "
+_unknown_error_new = tf.errors.UnknownError.__new__
+
+
+def _new_unknown_error(cls, *args, **kwargs):
+    if cls is tf.errors.UnknownError:
+        if len(args) >= 3 and isinstance(args[2], str) and _MISMATCH_MARKER in args[2]:
+            return TensorMismatchOpError(args[0], args[1], args[2])
+        if len(args) == 1 and isinstance(args[0], TensorMismatchOpError):
+            return args[0]      # raised as UnknownError(made) by TensorFlow's C++: the one made above
+    return _unknown_error_new(cls, *args, **kwargs)
+
+
+if not getattr(tf.errors.UnknownError, "_horovod_mismatch", False):     # (once per process, whatever reloads)
+    tf.errors.UnknownError.__new__ = staticmethod(_new_unknown_error)
+    tf.errors.UnknownError._horovod_mismatch = True
 
 
 def as_tf_error(error: BaseException) -> BaseException:

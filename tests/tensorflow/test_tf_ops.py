@@ -106,8 +106,18 @@ def check_horovod_tf_semantics(tf, hvd, n, me):
         with pytest.raises(tf.errors.FailedPreconditionError) as caught:
             hvd.allreduce(tf.zeros([2 + me]), name="semantics.mismatch")
         assert isinstance(caught.value, hvd.TensorMismatchError) and "shape" in str(caught.value)
+        graph = tf.Graph()
+        with graph.as_default():
+            session_op = hvd.allreduce(tf.zeros([2 + me]), name="semantics.session_mismatch")
+        mismatched = tf.function(lambda: hvd.allreduce(tf.zeros([2 + me]), name="semantics.graph_mismatch"))
+        for run in (mismatched, lambda: tf.compat.v1.Session(graph=graph).run(session_op)):   # from graph ops too
+            with pytest.raises(tf.errors.FailedPreconditionError) as caught:
+                run()
+            assert isinstance(caught.value, hvd.TensorMismatchError) and "shape" in str(caught.value)
     with pytest.raises(tf.errors.InvalidArgumentError):
         hvd.alltoall(tf.zeros([4]), splits=[5] + [0] * (n - 1), name="semantics.splits")
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.function(lambda: hvd.alltoall(tf.zeros([4]), splits=[5] + [0] * (n - 1), name="semantics.gsplits"))()
     slices = tf.IndexedSlices(tf.constant([[me + 1, 3]], tf.uint8), tf.constant([me], tf.int64),
                               tf.constant([n, 2], tf.int64))
     for kwargs in ({"op": hvd.Max}, {"op": hvd.Sum, "prescale_factor": 2.0}):
