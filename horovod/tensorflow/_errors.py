@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from horovod.common.exceptions import TensorMismatchError
+from horovod.common.exceptions import TensorMismatchError, UnsupportedOperationError
 
-__all__ = ["TensorMismatchOpError", "InvalidArgumentValueError", "SparseNotImplementedError", "as_tf_error"]
+__all__ = ["TensorMismatchOpError", "InvalidArgumentValueError", "UnsupportedOperationOpError", "SparseNotImplementedError",
+           "as_tf_error"]
 
 
-class TensorMismatchOpError(TensorMismatchError, tf.errors.FailedPreconditionError):
-    """Ranks disagree on a tensor: a :class:`TensorMismatchError` and a ``tf.errors.FailedPreconditionError``.
+class _OpErrorMixin:
+    """An ``OpError`` made from a message, or as TensorFlow makes one (``node_def, op, message[, payloads]``: a
+    session re-raises a graph op's error that way, autograph a tracing error); its ``str`` is the message."""
 
-    Made from a message, or as TensorFlow makes an ``OpError`` (``node_def, op, message``: a session re-raises an
-    error of a graph op that way).
-    """
+    _tf_class = tf.errors.OpError
 
-    def __init__(self, *args):
-        node_def, op, message = (None, None, args[0]) if len(args) == 1 else args[:3]
-        tf.errors.FailedPreconditionError.__init__(self, node_def, op, message)
+    def __init__(self, node_def, op=None, message=None, *args):
+        if op is None and message is None:      # made from a message
+            node_def, message = None, node_def
+        self._tf_class.__init__(self, node_def, op, message, *args)
         self.args = (message,)
 
     def __str__(self) -> str:
@@ -35,18 +36,24 @@ class TensorMismatchOpError(TensorMismatchError, tf.errors.FailedPreconditionErr
         return type(self), (self.message,)
 
 
-class InvalidArgumentValueError(ValueError, tf.errors.InvalidArgumentError):
+class TensorMismatchOpError(_OpErrorMixin, TensorMismatchError, tf.errors.FailedPreconditionError):
+    """Ranks disagree on a tensor: a :class:`TensorMismatchError` and a ``tf.errors.FailedPreconditionError``."""
+
+    _tf_class = tf.errors.FailedPreconditionError
+
+
+class InvalidArgumentValueError(_OpErrorMixin, ValueError, tf.errors.InvalidArgumentError):
     """A bad argument found by the core: a ``ValueError`` and a ``tf.errors.InvalidArgumentError``."""
 
-    def __init__(self, message: str):
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
-        self.args = (message,)
+    _tf_class = tf.errors.InvalidArgumentError
 
-    def __str__(self) -> str:
-        return self.message
 
-    def __reduce__(self):
-        return type(self), (self.message,)
+class UnsupportedOperationOpError(_OpErrorMixin, UnsupportedOperationError, tf.errors.InvalidArgumentError):
+    """A collective the core refuses (a 0-d reducescatter, or one with an op other than Sum/Average): the shared
+    rule's :class:`UnsupportedOperationError` (a ``RuntimeError``) and the ``tf.errors.InvalidArgumentError`` of
+    Horovod's TensorFlow kernels."""
+
+    _tf_class = tf.errors.InvalidArgumentError
 
 
 class SparseNotImplementedError(NotImplementedError, ValueError):
@@ -87,4 +94,6 @@ def as_tf_error(error: BaseException) -> BaseException:
         return TensorMismatchOpError(str(error))
     if type(error) is ValueError:
         return InvalidArgumentValueError(str(error))
+    if type(error) is UnsupportedOperationError:
+        return UnsupportedOperationOpError(str(error))
     return error

@@ -33,7 +33,8 @@ from horovod.runtime.mpi_ops_names import (HorovodInternalError, HostsUpdatedInt
                                            start_timeline, stop_timeline)
 from horovod.runtime.mpi_ops_names import _basics  # noqa: F401 — Horovod's mpi_ops._basics
 from horovod.runtime.process_sets import ProcessSet, global_process_set
-from horovod.tensorflow._errors import SparseNotImplementedError
+from horovod.common.exceptions import UnsupportedOperationError
+from horovod.tensorflow._errors import SparseNotImplementedError, as_tf_error
 from horovod.tensorflow._tensors import check_dtype, run_async, to_core
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.queries import (barrier, join, local_rank_op, local_size_op, process_set_included_op,
@@ -323,9 +324,13 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
 def _reducescatter(tensors, grouped, compression, op, name, process_set, ignore_name_scope, prescale_factor,
                    postscale_factor) -> List[tf.Tensor]:
-    _policy.check_reducescatter_op(op)
+    tensors = _inputs(tensors)
+    try:    # 0-d tensors and ops other than Sum/Average, before anything is submitted
+        _policy.check_reducescatter_op(op, [t.shape.rank for t in tensors if t.shape.rank is not None])
+    except UnsupportedOperationError as error:
+        raise as_tf_error(error) from None
     prescale_factor, postscale_factor = _policy.check_scale_factors(prescale_factor, postscale_factor)
-    compressed, ctxs = compress_all(compression, _inputs(tensors))
+    compressed, ctxs = compress_all(compression, tensors)
     if not compressed:
         return []
     fn = _core(_c.reducescatter_async, _c.grouped_reducescatter_async, grouped,

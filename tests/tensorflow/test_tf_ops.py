@@ -118,6 +118,10 @@ def check_horovod_tf_semantics(tf, hvd, n, me):
         hvd.alltoall(tf.zeros([4]), splits=[5] + [0] * (n - 1), name="semantics.splits")
     with pytest.raises(tf.errors.InvalidArgumentError):
         tf.function(lambda: hvd.alltoall(tf.zeros([4]), splits=[5] + [0] * (n - 1), name="semantics.gsplits"))()
+    for run in (lambda f: f(), lambda f: tf.function(f, autograph=False)()):   # a 0-d reducescatter: Horovod's
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:            # kernel error, our RuntimeError
+            run(lambda: hvd.reducescatter(tf.constant(1.0), op=hvd.Sum, name="semantics.scalar"))
+        assert isinstance(caught.value, RuntimeError) and "0-d" in str(caught.value)
     slices = tf.IndexedSlices(tf.constant([[me + 1, 3]], tf.uint8), tf.constant([me], tf.int64),
                               tf.constant([n, 2], tf.int64))
     for kwargs in ({"op": hvd.Max}, {"op": hvd.Sum, "prescale_factor": 2.0}):
