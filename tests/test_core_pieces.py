@@ -1,6 +1,7 @@
 """The pieces the engine is assembled from, tested without processes: the allreduce choice, fusion packing, the
 negotiated-data split, the transport layout, and the negotiation objects' choice and protocol."""
 
+import os
 import types
 
 import numpy as np
@@ -231,3 +232,13 @@ def test_a_rest_ends_after_its_interval_when_nothing_wakes_it():
     handback.left(work_left=False)
     thread.join(5)                      # (its interval passes with no caller driving: it stops resting)
     assert not thread.is_alive()
+
+
+def test_spin_follows_horovod_spin_us_and_never_when_ranks_outnumber_cores():
+    from horovod.common.config import load_config
+    from horovod.transport import shm
+    cores = os.cpu_count() or 1
+    assert shm.spin_seconds(1) == shm.SPIN_SECONDS == pytest.approx(load_config({}).spin_us * 1e-6)
+    assert shm.spin_seconds(1, 0) == 0.0 and shm.spin_seconds(1, 50) == pytest.approx(50e-6)
+    assert shm.spin_seconds(cores + 1, 200) == 0.0
+    assert load_config({"HOROVOD_SPIN_US": "0"}).spin_us == 0

@@ -165,8 +165,9 @@ class Config:
         "auto (peer up to 4 ranks with a core each unless autotune runs, star up to 16, tree above)",
         choices=("auto", "peer", "star", "tree"), agreed=True)
     shm_min_bytes: int = _s(64 * 1024, "smallest collective that goes through shared memory; smaller ones use TCP, "
-                            "whose two small messages beat the shared-memory path's barriers", minimum=0,
-                            agreed=True)
+                            "whose two small messages beat the shared-memory path's barriers", minimum=0, agreed=True)
+    spin_us: int = _s(200, "microseconds a rank whose caller waits polls before it sleeps, where every local rank "
+                      "has a core (0: sleep at once; a frame then costs a wake-up)", minimum=0, agreed=True)
     # Autotune.
     autotune: bool = _s(False, "tune fusion threshold and cycle time at run time", flag="--autotune", agreed=True,
                         yaml="autotune.enabled")

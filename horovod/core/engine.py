@@ -93,6 +93,7 @@ class Engine:
         self._parked = False                    # the engine thread sleeps deaf to peers (see select)
         self._driver_sleeping = False           # the waiting thread running the loop sleeps in select
         self._spin = 0.0            # set at start, once the ranks' hosts are known
+        self._spin_us = config.spin_us
         # Decided alike on every rank (same size, settings and rendezvous records) before any set is made: under
         # peer negotiation every member of a set runs its coordinator.
         self.negotiation = for_loop(self, config)
@@ -118,7 +119,7 @@ class Engine:
         self.negotiation.start()
         hostnames = self.transport.hostnames if self.transport is not None else ()
         if hostnames:
-            self._spin = shm.spin_seconds(sum(1 for host in hostnames if host == hostnames[self.rank]))
+            self._spin = shm.spin_seconds(sum(1 for host in hostnames if host == hostnames[self.rank]), self._spin_us)
         self._thread = threading.Thread(target=self._run, name="horovod-engine", daemon=True)
         self._thread.start()
 

@@ -172,5 +172,6 @@ def shared_memory(tag: str, ranks: Sequence[int], index: int, transport, config,
     if len(hosts) != 1:
         return None
     prefix = f"hvdpy-{shm.job_token(transport.secret, transport.job_token)}-{tag}"
-    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes, shm.spin_seconds(len(ranks)),
+    return shm.ShmSegments(transport, ranks, index, prefix, config.shm_min_bytes,
+                           shm.spin_seconds(len(ranks), config.spin_us),
                            may_spin)

@@ -65,9 +65,11 @@ def _fence() -> None:
     _FENCE.release()
 
 
-def spin_seconds(local_ranks: int) -> float:
-    """How long a waiting rank may spin: only while every local rank has a core of its own."""
-    return SPIN_SECONDS if local_ranks <= (os.cpu_count() or 1) else 0.0
+def spin_seconds(local_ranks: int, spin_us: Optional[int] = None) -> float:
+    """How long a waiting rank may spin (``HOROVOD_SPIN_US``, default :data:`SPIN_SECONDS`): only while every local
+    rank has a core of its own."""
+    spin = SPIN_SECONDS if spin_us is None else spin_us * 1e-6
+    return spin if local_ranks <= (os.cpu_count() or 1) else 0.0
 
 
 def available() -> bool:
