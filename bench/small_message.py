@@ -75,10 +75,10 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run_side(side: str, root: str, np_: int, iters: int, workdir: str) -> dict:
+def run_side(side: str, root: str, np_: int, iters: int, workdir: str, extra_env=None) -> dict:
     """One job of ``side`` from the checkout ``root``; the slowest rank's median and the ranks' mean CPU per op."""
     out = os.path.join(workdir, f"{side}-{time.monotonic_ns()}")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), **(extra_env or {}))
     cmd = [sys.executable, "-m", "horovod.runner", "-np", str(np_), sys.executable, os.path.abspath(__file__),
            "--worker", "gloo" if side == "gloo" else "horovod", "--iters", str(iters), "--out", out,
            "--port", str(_free_port())]
@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=3000)
     parser.add_argument("--ab", action="append", default=[], help="another checkout to run beside this one")
+    parser.add_argument("--no-spin", action="store_true",
+                        help="also run this checkout with HOROVOD_SPIN_US=0 (no rank polls while it waits)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -104,16 +106,17 @@ def main() -> None:
         worker(args.worker, args.iters, args.out, args.port)
         return
 
-    sides = [("this", ROOT)] + [(f"ab:{os.path.basename(p.rstrip('/'))}", os.path.abspath(p)) for p in args.ab]
-    sides.append(("gloo", ROOT))
-    results = {name: [] for name, _ in sides}
+    sides = [("this", ROOT, None)] + ([("this, spin 0", ROOT, {"HOROVOD_SPIN_US": "0"})] if args.no_spin else [])
+    sides += [(f"ab:{os.path.basename(p.rstrip('/'))}", os.path.abspath(p), None) for p in args.ab]
+    sides.append(("gloo", ROOT, None))
+    results = {name: [] for name, _, _ in sides}
     with tempfile.TemporaryDirectory(prefix="hvd-small-") as workdir:
         for round_ in range(args.rounds):
             order = sides[round_ % len(sides):] + sides[:round_ % len(sides)]
-            for name, root in order:
+            for name, root, extra_env in order:
                 results[name].append(run_side("gloo" if name == "gloo" else "horovod", root, args.np, args.iters,
-                                              workdir))
-            line = "  ".join(f"{name} {results[name][-1]['median_us']:.1f} us" for name, _ in sides)
+                                              workdir, extra_env))
+            line = "  ".join(f"{name} {results[name][-1]['median_us']:.1f} us" for name, _, _ in sides)
             print(f"round {round_ + 1}/{args.rounds}: {line}", flush=True)
 
     def quart(values, q):
@@ -124,7 +127,7 @@ def main() -> None:
     print(f"\n4 B allreduce (op=Average), np {args.np}, {args.rounds} rounds x {args.iters} ops, "
           f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
     print(f"{'side':<22}{'median us':>10}{'q25':>8}{'q75':>8}{'cpu us/op':>11}{'cpu/wall':>9}{'x gloo':>8}")
-    for name, _ in sides:
+    for name, _, _ in sides:
         medians = [r["median_us"] for r in results[name]]
         ratios = [r["median_us"] / g["median_us"] for r, g in zip(results[name], results["gloo"])]
         cpu = statistics.median(r["cpu_us"] for r in results[name])
