@@ -130,10 +130,12 @@ class ShardReader:
         rank, size: this rank and the number of ranks.
         batch_size: rows per batch; shuffle: random order (seeded by ``seed`` and the pass number).
         shuffle_buffer_size: rows shuffled together (a window over the shard).
+        cache: keep every row group read in memory, so later passes read no Parquet (the estimators'
+            ``inmemory_cache_all``).
     """
 
     def __init__(self, store: Store, path: str, columns: Sequence[str], rank: int, size: int, batch_size: int,
-                 shuffle: bool = True, seed: int = 0, shuffle_buffer_size: int = 4096):
+                 shuffle: bool = True, seed: int = 0, shuffle_buffer_size: int = 4096, cache: bool = False):
         self.columns = list(columns)
         self.batch_size = int(batch_size)
         self.shuffle = shuffle
@@ -145,11 +147,17 @@ class ShardReader:
         self._offset = rank if len(groups) < size else 0
         self.groups = groups[rank::size] if len(groups) >= size else groups
         self._passes = 0
+        self._cache: Optional[Dict[int, Dict[str, np.ndarray]]] = {} if cache else None
 
-    def _read_group(self, group) -> Dict[str, np.ndarray]:
-        table = group.to_table(columns=self.columns)
+    def _read_group(self, index: int) -> Dict[str, np.ndarray]:
+        if self._cache is not None and index in self._cache:
+            return self._cache[index]
+        table = self.groups[index].to_table(columns=self.columns)
         arrays = {c: column_to_numpy(table.column(c)) for c in self.columns}
-        return {c: a[self._offset::self._stride] for c, a in arrays.items()}
+        part = {c: a[self._offset::self._stride] for c, a in arrays.items()}
+        if self._cache is not None:
+            self._cache[index] = part
+        return part
 
     def _one_pass(self) -> Iterator[Dict[str, np.ndarray]]:
         rng = np.random.default_rng(self.seed + self._passes)
@@ -158,7 +166,7 @@ class ShardReader:
         window: List[Dict[str, np.ndarray]] = []
         held = 0
         for i in order:
-            part = self._read_group(self.groups[i])
+            part = self._read_group(int(i))
             window.append(part)
             held += len(part[self.columns[0]])
             if held >= self.buffer_rows:
@@ -203,8 +211,8 @@ class ShardReader:
 
     def all_rows(self) -> Iterator[Dict[str, np.ndarray]]:
         """One pass over the shard in order, in batches (the last one may be short): for evaluation."""
-        for group in self.groups:
-            part = self._read_group(group)
+        for index in range(len(self.groups)):
+            part = self._read_group(index)
             rows = len(part[self.columns[0]])
             for start in range(0, rows, self.batch_size):
                 yield {c: a[start:start + self.batch_size] for c, a in part.items()}

@@ -45,6 +45,9 @@ class _EstimatorParams(HorovodParams):
 
 
 declare(_EstimatorParams, ESTIMATOR_PARAMS)
+# Horovod spells these two accessors with a capital M.
+_EstimatorParams.getInMemoryCacheAll = _EstimatorParams.getInmemoryCacheAll
+_EstimatorParams.setInMemoryCacheAll = _EstimatorParams.setInmemoryCacheAll
 
 
 class HorovodEstimator(Estimator, _EstimatorParams):
@@ -71,24 +74,48 @@ class HorovodEstimator(Estimator, _EstimatorParams):
         """The framework's objects for the ranks (model, optimizer, loss...) as picklable values."""
         raise NotImplementedError
 
+    def _input_shapes(self) -> Optional[List]:
+        """Each feature column's shape for the model (batch dimension -1): ``input_shapes``; a framework may
+        derive them from the model when not given."""
+        return self.getOrDefault(self.input_shapes)
+
+    def _num_proc(self) -> int:
+        """The number of ranks: the backend's, else ``num_proc``, else the Spark context's default parallelism.
+
+        Raises:
+            ValueError: both ``backend`` and ``num_proc`` are set (Horovod refuses that too).
+        """
+        backend, num_proc = self.getOrDefault(self.backend), self.getOrDefault(self.num_proc)
+        if backend is not None:
+            if num_proc is not None:
+                raise ValueError('At most one of parameters "backend" and "num_proc" may be specified')
+            return int(backend.num_processes())
+        return int(num_proc or active_context().defaultParallelism)
+
     def _fit(self, df):
         self._check()
         params = self.values()
         run_id = params["run_id"] or f"{type(self).__name__.lower()}_{uuid.uuid4().hex[:12]}"
-        num_proc = int(params["num_proc"] or active_context().defaultParallelism)
+        num_proc = self._num_proc()
         columns = _as_list(params["feature_cols"]) + _as_list(params["label_cols"])
         info = prepare_data(df, params["store"], columns, params["validation"],
                             num_proc * max(1, int(params["partitions_per_process"])), run_id,
                             int(params["random_seed"]))
-        spec = dict(params, run_id=run_id, info=info, payload=self._train_payload(), model=None, optimizer=None,
-                    loss=None, metrics=None, callbacks=None)
-        results = run(self._trainer(), args=(spec,), num_proc=num_proc, start_timeout=params["start_timeout"],
-                      verbose=params["verbose"])
+        input_shapes = self._input_shapes()
+        spec = dict(params, run_id=run_id, info=info, payload=self._train_payload(), input_shapes=input_shapes,
+                    feature_cols=_as_list(params["feature_cols"]), label_cols=_as_list(params["label_cols"]),
+                    model=None, optimizer=None, loss=None, metrics=None, callbacks=None, backend=None)
+        backend = params["backend"]
+        if backend is not None:
+            results = backend.run(self._trainer(), args=(spec,))
+        else:
+            results = run(self._trainer(), args=(spec,), num_proc=num_proc, start_timeout=params["start_timeout"],
+                          verbose=params["verbose"])
         history, model_bytes, output_shapes = results[0]
         model = self.model_class(model=self.model_class.model_from_bytes(model_bytes), history=history,
                                  feature_columns=_as_list(params["feature_cols"]),
                                  label_columns=_as_list(params["label_cols"]),
-                                 input_shapes=params["input_shapes"], output_shapes=output_shapes, run_id=run_id)
+                                 input_shapes=input_shapes, output_shapes=output_shapes, run_id=run_id)
         return model
 
 

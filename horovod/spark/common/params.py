@@ -16,6 +16,8 @@ __all__ = ["ESTIMATOR_PARAMS", "MODEL_PARAMS", "declare", "camel", "HorovodParam
 # (name, doc, default)
 ESTIMATOR_PARAMS: Tuple[Tuple[str, str, Any], ...] = (
     ("num_proc", "number of Horovod ranks, one Spark task each (default: spark.default.parallelism)", None),
+    ("backend", "what runs the training function (a horovod.spark.common.backend.Backend, e.g. SparkBackend); "
+                "at most one of backend and num_proc", None),
     ("model", "the model to train", None),
     ("optimizer", "the optimizer", None),
     ("loss", "the loss: one for every label column, or a list of them", None),
@@ -36,6 +38,7 @@ ESTIMATOR_PARAMS: Tuple[Tuple[str, str, Any], ...] = (
     ("validation_steps_per_epoch", "validation batches per epoch (default: all validation rows)", None),
     ("run_id", "the run's name in the store (default: generated)", None),
     ("random_seed", "seed of data shuffling and splitting", 0),
+    ("inmemory_cache_all", "keep each rank's shard in memory after its first pass (read the Parquet once)", False),
     ("start_timeout", "seconds for the Spark tasks to start (default HOROVOD_SPARK_START_TIMEOUT)", None),
 )
 

@@ -51,10 +51,21 @@ class KerasEstimator(HorovodEstimator):
     ranks), ``store``, ``feature_cols``, ``label_cols``, ``input_shapes``, ``validation``, ``callbacks`` (Keras
     callbacks, run on every rank), ``batch_size``, ``val_batch_size``, ``epochs``, ``verbose``,
     ``shuffle_buffer_size``, ``partitions_per_process``, ``train_steps_per_epoch``, ``validation_steps_per_epoch``,
-    ``run_id``, ``random_seed``, ``start_timeout``. ``getHistory()`` is Keras' ``History.history``.
+    ``run_id``, ``random_seed``, ``start_timeout``, ``backend`` (a
+    :class:`~horovod.spark.common.backend.SparkBackend`, instead of ``num_proc``), ``inmemory_cache_all``.
+    Without ``input_shapes`` each feature column takes the shape of the model's input of that position (as in
+    Horovod). A ``keras.callbacks.TensorBoard`` among the callbacks runs on rank 0 only and writes to the run's
+    logs folder in the store when the store is local. ``getHistory()`` is Keras' ``History.history``.
     """
 
     model_class = KerasModel
+
+    def _input_shapes(self):
+        shapes = super()._input_shapes()
+        if shapes is not None:
+            return shapes
+        inputs = getattr(self.getModel(), "inputs", None) or []
+        return [[-1 if d is None else int(d) for d in tuple(i.shape)] for i in inputs] or None
 
     def _trainer(self):
         return remote.train

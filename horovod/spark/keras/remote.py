@@ -8,8 +8,10 @@ history, the trained model's bytes and the outputs' shapes; the others return No
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import cloudpickle
@@ -65,6 +67,28 @@ class _StoreCheckpoint(keras.callbacks.Callback):
             store.write(store.get_checkpoint_path(self.spec["run_id"]), model_to_bytes(self.model))
 
 
+def _user_callbacks(callbacks: List[Any], spec: Dict[str, Any]) -> List[Any]:
+    """The user's callbacks for this rank: a TensorBoard callback runs on rank 0 only (every rank writing the same
+    event files would clash), into the run's logs folder when the store is a local one (as Horovod does); without
+    the ``tensorboard`` package (which tensorflow-cpu no longer brings) it is left out with a warning, since Keras
+    would fail at its first summary."""
+    from horovod.spark.common.store import LocalStore
+    kept = []
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.TensorBoard):
+            if hvd.rank() != 0:
+                continue
+            if importlib.util.find_spec("tensorboard") is None:
+                warnings.warn("KerasEstimator: the tensorboard package is not installed; the TensorBoard callback "
+                              "is left out (pip install tensorboard to keep it)")
+                continue
+            store = spec["store"]
+            if isinstance(store, LocalStore):
+                callback.log_dir = store.get_logs_path(spec["run_id"])
+        kept.append(callback)
+    return kept
+
+
 def train(spec: Dict[str, Any]):
     """Train on this rank (see the module docstring); ``spec`` is the estimator's parameters plus ``info`` and
     ``payload``."""
@@ -76,17 +100,19 @@ def train(spec: Dict[str, Any]):
     model.compile(optimizer=optimizer, loss=payload["loss"], metrics=payload["metrics"])
     info, size, batch_size = spec["info"], hvd.size(), int(spec["batch_size"])
     columns = list(spec["feature_cols"]) + list(spec["label_cols"])
+    cache = bool(spec["inmemory_cache_all"])
     reader = ShardReader(spec["store"], info.train_path, columns, hvd.rank(), size, batch_size,
-                         seed=int(spec["random_seed"]), shuffle_buffer_size=spec["shuffle_buffer_size"])
+                         seed=int(spec["random_seed"]), shuffle_buffer_size=spec["shuffle_buffer_size"], cache=cache)
     steps, epochs = dataset_steps(info, size, batch_size, spec["train_steps_per_epoch"]), int(spec["epochs"])
     fit_args: Dict[str, Any] = {}
     if info.val_path:
         val_batch = int(spec["val_batch_size"] or batch_size)
         val_steps = int(spec["validation_steps_per_epoch"] or max(1, info.val_rows // (size * val_batch)))
-        val_reader = ShardReader(spec["store"], info.val_path, columns, hvd.rank(), size, val_batch, shuffle=False)
+        val_reader = ShardReader(spec["store"], info.val_path, columns, hvd.rank(), size, val_batch, shuffle=False,
+                                 cache=cache)
         fit_args = dict(validation_data=_feed(val_reader, val_steps * epochs, spec), validation_steps=val_steps)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
-                 *payload["callbacks"], _StoreCheckpoint(spec)]
+                 *_user_callbacks(payload["callbacks"], spec), _StoreCheckpoint(spec)]
     history = model.fit(_feed(reader, steps * epochs, spec), steps_per_epoch=steps, epochs=epochs,
                         callbacks=callbacks, verbose=2 if spec["verbose"] and hvd.rank() == 0 else 0, **fit_args)
     if hvd.rank() != 0:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, _as_list
+from horovod.spark.common.params import declare
 from horovod.spark.torch import remote
 
 __all__ = ["TorchEstimator", "TorchModel"]
@@ -51,8 +52,10 @@ class TorchEstimator(HorovodEstimator):
     ``metric(output, label)`` on the first output), ``store``, ``feature_cols``, ``label_cols``, ``input_shapes``,
     ``validation``, ``callbacks`` (``callback(epoch, metrics)`` on every rank after each epoch), ``batch_size``,
     ``val_batch_size``, ``epochs``, ``verbose``, ``shuffle_buffer_size``, ``partitions_per_process``,
-    ``train_steps_per_epoch``, ``run_id``, ``random_seed``, ``start_timeout``. Integer label columns become int64
-    tensors (for ``cross_entropy``), others float32.
+    ``train_steps_per_epoch``, ``run_id``, ``random_seed``, ``start_timeout``, ``backend`` (a
+    :class:`~horovod.spark.common.backend.SparkBackend`, instead of ``num_proc``), ``inmemory_cache_all``,
+    ``backward_passes_per_step`` (batches whose gradients accumulate before each allreduce and step). Integer label
+    columns become int64 tensors (for ``cross_entropy``), others float32.
     """
 
     model_class = TorchModel
@@ -72,3 +75,7 @@ class TorchEstimator(HorovodEstimator):
         # One pickle: the optimizer keeps pointing at the model's own parameters on the ranks.
         return cloudpickle.dumps((self.getModel(), optimizer, losses, _as_list(self.getMetrics()),
                                   _as_list(self.getCallbacks())))
+
+
+declare(TorchEstimator, (("backward_passes_per_step", "batches whose gradients accumulate locally before each "
+                          "allreduce and optimizer step (each loss divided by it)", 1),))

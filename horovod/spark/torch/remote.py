@@ -50,14 +50,19 @@ def _measure(model, batch, spec, losses, metrics) -> Tuple[torch.Tensor, List[fl
 
 
 def _train_epoch(model, optimizer, reader: ShardReader, steps: int, spec, losses, metrics) -> Tuple[np.ndarray, list]:
+    # With backward_passes_per_step k (Horovod's meaning): the gradients of k batches, each loss divided by k,
+    # accumulate before one allreduce and one optimizer step; an epoch's last group may be shorter.
+    passes = int(spec.get("backward_passes_per_step") or 1)
     model.train()
     sums = np.zeros(1 + len(metrics))
     shapes = None
-    for batch in reader.batches(steps):
-        optimizer.zero_grad()
+    for index, batch in enumerate(reader.batches(steps)):
+        if index % passes == 0:
+            optimizer.zero_grad()
         loss, values, outputs = _measure(model, batch, spec, losses, metrics)
-        loss.backward()
-        optimizer.step()
+        (loss / passes if passes > 1 else loss).backward()
+        if (index + 1) % passes == 0 or index + 1 == steps:
+            optimizer.step()
         sums += [float(loss.detach()), *values]
         shapes = shapes or [list(o.shape[1:]) for o in outputs]
     return hvd.allreduce(torch.from_numpy(sums / steps), op=hvd.Average, name="train_metrics").numpy(), shapes
@@ -101,15 +106,18 @@ def train(spec: Dict[str, Any]):
     hvd.init()
     torch.manual_seed(int(spec["random_seed"]))
     model, optimizer, losses, metrics, callbacks = cloudpickle.loads(spec["payload"])
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=int(spec.get("backward_passes_per_step") or 1))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     info, size = spec["info"], hvd.size()
     columns = list(spec["feature_cols"]) + list(spec["label_cols"])
     reader = ShardReader(spec["store"], info.train_path, columns, hvd.rank(), size, spec["batch_size"],
-                         seed=int(spec["random_seed"]), shuffle_buffer_size=spec["shuffle_buffer_size"])
+                         seed=int(spec["random_seed"]), shuffle_buffer_size=spec["shuffle_buffer_size"],
+                         cache=bool(spec["inmemory_cache_all"]))
     val_reader = ShardReader(spec["store"], info.val_path, columns, hvd.rank(), size,
-                             spec["val_batch_size"] or spec["batch_size"], shuffle=False) if info.val_path else None
+                             spec["val_batch_size"] or spec["batch_size"], shuffle=False,
+                             cache=bool(spec["inmemory_cache_all"])) if info.val_path else None
     steps = dataset_steps(info, size, spec["batch_size"], spec["train_steps_per_epoch"])
     names = ["loss"] + [_name(m, i) for i, m in enumerate(metrics)]
     history: Dict[str, Dict[str, list]] = {"train": {}, "validation": {}}
