@@ -202,8 +202,8 @@ def run_async(submit: Callable[..., Callable[[], Sequence[np.ndarray]]], inputs:
               shapes: Sequence, name: str = "Horovod") -> List[tf.Tensor]:
     """Run a collective in two halves, eagerly or as graph ops; returns tensors of ``touts``.
 
-    ``submit(*arrays)`` hands the work to the engine and returns at once a ``finish()`` that waits and returns one
-    array per ``touts`` entry. Eagerly: both, one after the other. In a graph: ``submit`` is a stateful
+    ``submit(*arrays)`` hands the work to the engine and returns at once a ``finish(timeout)`` that waits and
+    returns one array per ``touts`` entry. Eagerly: both, one after the other. In a graph: ``submit`` is a stateful
     ``tf.numpy_function`` that returns at once (so ``tf.function``'s automatic control dependencies chain the
     submissions in program order, never behind a wait), and ``finish`` runs in the ``GetNext`` of a
     :class:`_Waiter`'s iterator, an asynchronous kernel that holds no inter-op thread while it waits. However few
@@ -211,7 +211,9 @@ def run_async(submit: Callable[..., Callable[[], Sequence[np.ndarray]]], inputs:
     collective is submitted; waits happen elsewhere; none can block another (``docs/tensorflow.md``).
 
     Args:
-        submit: takes TensorFlow's numpy view of each input (bfloat16 as ``ml_dtypes``); must not block.
+        submit: takes TensorFlow's numpy view of each input (bfloat16 as ``ml_dtypes``); must not block; returns
+            ``finish(timeout)`` (a handle's ``result``: None waits as long as it takes, and may run the engine's
+            loop on the waiting thread).
         inputs: tensors (or values convertible to tensors).
         touts: the output dtypes.
         shapes: the static output shapes (``None`` entries for dimensions known only at run time).
@@ -219,17 +221,19 @@ def run_async(submit: Callable[..., Callable[[], Sequence[np.ndarray]]], inputs:
     """
     touts = list(touts)
 
-    def finish(done: Callable[[], Sequence[np.ndarray]]) -> List[np.ndarray]:
-        return [from_core(o, t) for o, t in zip(_guarded(done), touts)]
+    def finish(done: Callable[..., Sequence[np.ndarray]], timeout: Optional[float]) -> List[np.ndarray]:
+        return [from_core(o, t) for o, t in zip(_guarded(done, timeout), touts)]
 
     if tf.executing_eagerly():
         arrays = [_eager_input(t) for t in inputs]
-        return [tf.convert_to_tensor(o) for o in finish(_guarded(submit, *arrays))]
+        return [tf.convert_to_tensor(o) for o in finish(_guarded(submit, *arrays), None)]
     waiter = _Waiter(touts, name)
 
     def submit_op(_iterator, *arrays):
         done = _guarded(submit, *arrays)
-        waiter.pending.append(lambda: finish(done))
+        # A timeout, however long, makes the handle wait for the engine thread instead of running the engine's
+        # loop on this thread: several waits in flight would otherwise take turns at the loop.
+        waiter.pending.append(lambda: finish(done, threading.TIMEOUT_MAX))
         return np.int64(0)
 
     # The iterator's handle as an input: automatic control dependencies order this op after the previous use of

@@ -101,7 +101,7 @@ def _core(single_async, grouped_async, grouped: bool, name: Optional[str], **kwa
             handle = grouped_async([a for a, _ in inputs], name=name, dtypes=[d for _, d in inputs], **kwargs)
             return handle.result
         handle = single_async(inputs[0][0], name=name, dtype=inputs[0][1], **kwargs)
-        return lambda: [handle.result()]
+        return lambda timeout=None: [handle.result(timeout)]
     return submit
 
 
@@ -238,7 +238,7 @@ def _broadcast_raw(tensors: List[tf.Tensor], root_rank, name, process_set) -> Li
             array, dtype = to_core(a)
             each = f"{prefix}.{i}" if len(arrays) > 1 else prefix
             handles.append(_c.broadcast_async(array, root_rank, name=each, process_set=process_set, dtype=dtype))
-        return lambda: [h.result() for h in handles]
+        return lambda timeout=None: [h.result(timeout) for h in handles]
     return run_async(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HorovodBroadcast")
 
 
@@ -286,8 +286,8 @@ def _alltoall_raw(tensor, splits, name, process_set):
         use = None if split_array.size == 0 else split_array
         handle = _c.alltoall_async(array, use, name=name, process_set=process_set, dtype=dtype)
 
-        def finish():
-            output, received = handle.result()
+        def finish(timeout=None):
+            output, received = handle.result(timeout)
             return [output, np.asarray(received, dtype=np.int32)]
         return finish
     size = _policy.set_size(process_set)
