@@ -8,9 +8,11 @@ predicts a batch of numpy inputs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import uuid
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -193,8 +195,14 @@ class HorovodModel(Model, _ModelParams, MLWritable, MLReadable):
         data, cls = self.model_to_bytes(), type(self)
         input_shapes = self.getOrDefault(self.input_shapes)
 
+        with _pandas_version_warning_ignored():
+            return self._predicted(df, schema, outputs, scalar, data, cls, input_shapes)
+
+    def _predicted(self, df, schema, outputs, scalar, data, cls, input_shapes):
         @functions.pandas_udf(schema)
         def predict(*columns: pd.Series) -> pd.DataFrame:
+            # On the executor's Python worker, which converts the batch after this returns: its filter for good.
+            warnings.filterwarnings("ignore", message=_PANDAS_WARNING, category=FutureWarning)
             results = cls.predictor(data)(inputs_from_columns(columns, input_shapes))
             frame = {}
             for name, result, single in zip(outputs, results, scalar):
@@ -218,6 +226,19 @@ class HorovodModel(Model, _ModelParams, MLWritable, MLReadable):
     def read(cls) -> MLReader:
         """A reader that loads what :meth:`write` saved."""
         return _ModelReader(cls)
+
+
+_PANDAS_WARNING = "PySpark does not yet fully support pandas"
+
+
+@contextlib.contextmanager
+def _pandas_version_warning_ignored():
+    """pyspark warns that it "does not yet fully support pandas >= 3.0.0" (the spark extra's pandas) each time it
+    defines or runs a pandas UDF: three times per transform, none of them the user's to act on. Only that warning is
+    ignored, and only here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PANDAS_WARNING, category=FutureWarning)
+        yield
 
 
 def _filesystem(path: str):
