@@ -62,8 +62,9 @@ test: venv sysdeps bytecode
 	$(PYTEST) -p xdist -n $(TIMED_WORKERS) --dist loadgroup -m timed $(TIMED_FILES)
 	$(PYTEST) -m serial $(SERIAL_FILES)
 
-# Repeated trials of the tests that hunt rare failures (one trial each runs in make test), and the size-independent
-# multi-rank tests at 5 and 8 ranks (make test runs them at 2 and 3: horovod.testing.fixtures.world_sizes).
+# Repeated trials of the tests that hunt rare failures (one trial each runs in make test), the size-independent
+# multi-rank tests at 5 and 8 ranks (make test runs them at 2 and 3: horovod.testing.fixtures.world_sizes), and the
+# large variants make test runs smaller (every op at 32 ranks; make test: 8).
 WORLD_SIZE_FILES = tests/test_collectives.py tests/test_negotiation.py tests/test_negotiated_data.py \
 	tests/test_engine_errors.py tests/test_bad_input.py tests/elastic/test_elastic_cli.py
 soak: venv sysdeps bytecode
@@ -74,6 +75,7 @@ soak: venv sysdeps bytecode
 	HVD_SOAK_TRIALS=5 $(BIN)/python -m pytest -q tests/test_hostile_user.py
 	HVD_SOAK_TRIALS=3 $(BIN)/python -m pytest -q tests/test_failure_matrix.py
 	HVD_SIM_SEEDS=2000 $(BIN)/python -m pytest -q tests/test_simulate.py -k seeded_faults_and_workloads
+	HVD_LARGE_WORLD_SIZES=32 $(BIN)/python -m pytest -q tests/test_collectives.py -k larger_world_sizes
 	for i in 1 2 3; do $(BIN)/python -m pytest -q tests/test_scale.py tests/elastic/test_elastic_scale.py || exit 1; done
 
 demo: demo-venv bytecode
