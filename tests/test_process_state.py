@@ -157,9 +157,26 @@ def _module_state():
     return loaded, state, failed
 
 
+def _bindings_job():
+    """Both checks that load every binding, in one job (each rank's imports of TensorFlow, PyTorch and JAX were
+    most of either's 30 s): the init/shutdown cycles first, then rank 0 scans the source of every worker module."""
+    import horovod.numpy as hvd
+    cycle = _bindings_cycle()
+    hvd.init()
+    first = hvd.rank() == 0
+    hvd.shutdown()
+    return cycle, _module_state() if first else None
+
+
+@pytest.fixture(scope="module")
+def bindings_job():
+    """By rank: ``(_bindings_cycle(), _module_state() on rank 0)`` from one 2-rank job."""
+    return spawn_ranks(_bindings_job, 2, timeout=300)
+
+
 @pytest.mark.ranks
-def test_every_mutable_module_global_is_declared():
-    [(loaded, state, failed)] = spawn_ranks(_module_state, 1, timeout=240)
+def test_every_mutable_module_global_is_declared(bindings_job):
+    [(loaded, state, failed)] = [scan for _, scan in bindings_job[:1]]
     assert "horovod.numpy" in loaded and len(loaded) > 1, f"only {loaded} could be loaded: {failed}"
     found = {(module, name) for module, name, _ in state}
     undeclared = [f"{module}.{name} ({', '.join(how)})" for module, name, how in state if (module, name) not in KEPT]
@@ -274,8 +291,8 @@ def _bindings_cycle():
 
 
 @pytest.mark.ranks
-def test_every_binding_leaves_no_job_state_behind():
-    for rank, (loaded, changed, first, again, stale) in enumerate(spawn_ranks(_bindings_cycle, 2, timeout=240)):
+def test_every_binding_leaves_no_job_state_behind(bindings_job):
+    for rank, (loaded, changed, first, again, stale) in enumerate(cycle for cycle, _ in bindings_job):
         assert changed == [], f"rank {rank} ({loaded}): module-level state left behind by shutdown: {changed}"
         assert first == again == "localsgd.0", "each job numbers its asynchronous modes from 0"
         if "horovod.torch" in loaded:
