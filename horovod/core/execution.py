@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from horovod.common.device import is_staged
 from horovod.common.exceptions import HorovodInternalError, TensorMismatchError
 from horovod.common.types import OP_NAMES, OpType, Response, nbytes
-from horovod.core import fusion
+from horovod.core import buggify, fusion
 from horovod.core.decision import FATAL_ERROR
 from horovod.core.deadlock import DEADLOCK_PREFIX
 from horovod.core.device_plane import DevicePlane
@@ -67,6 +67,8 @@ class Executor:
         state.cache.record(executed)
 
     def _run_batch(self, state: SetState, batch: Batch, executed: List[Response]) -> None:
+        if buggify.ON and buggify.fires("execution.slow"):
+            buggify.stall()
         response = fusion.merge(batch.responses)
         with state.lock:
             entries = {name: state.entries[name] for name in response.names if name in state.entries}

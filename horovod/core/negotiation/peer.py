@@ -14,6 +14,7 @@ import logging
 from typing import Dict, List, Optional, Tuple
 
 from horovod.common.types import OpType
+from horovod.core import buggify
 from horovod.core.decision import Contributors, Decision, Message
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import POLL_SECONDS, Loop, Negotiation
@@ -86,6 +87,8 @@ class PeerNegotiation(Negotiation):
             if not self.presented:
                 now = self.loop.clock()
                 timeout = self._frame_due(now)
+                if buggify.ON and timeout is not None and timeout > 0 and buggify.fires("peer.frame_early"):
+                    timeout = 0.0       # due later, sent now: as a caller's wait would make it
                 if timeout is not None and timeout <= 0:
                     self._send_frame(now)
                     timeout = None
@@ -96,6 +99,8 @@ class PeerNegotiation(Negotiation):
             waiting = [fd for fd, peer in self._peers.items() if peer not in self._inbox]
             if self.presented and loop.transport.timeout > 0:
                 timeout = self._liveness_bound(waiting, timeout)
+            if buggify.ON:
+                timeout = buggify.late(timeout, "peer.timer_late")
             self._read(loop.select([loop.wake.reader] + waiting, timeout))
         self.presented = self._warned = False
         self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
@@ -144,6 +149,9 @@ class PeerNegotiation(Negotiation):
             # whichever thread looks first, and take two cycles.
             waiters = loop.waiters
             if waiters.blocked > 0 or waiters.polled or self._inbox or shutdown:
+                if buggify.ON and not shutdown and buggify.held(
+                        self, "peer.frame_held", self._queued_since + loop.batch_spacing(), now):
+                    return self._queued_since + loop.batch_spacing() - now     # the last moment the spacing allows
                 return 0.0
             return self._queued_since + loop.batch_spacing() - now
         pending = any(state.entries for state in sets.values() if state.index >= 0)
@@ -177,8 +185,11 @@ class PeerNegotiation(Negotiation):
             if data:
                 self.held.hold(set_id, Contributors(state.index), data)
         frame = Peer(now, msgs).encode()
-        for peer in self._peers.values():
-            loop.transport.send_obj(peer, frame)
+        if buggify.ON:
+            buggify.send_each(loop.transport, self._peers.values(), frame, "peer.broadcast_slow")
+        else:
+            for peer in self._peers.values():
+                loop.transport.send_obj(peer, frame)
         self._own, self._own_clock = own, now
         self.presented = True
         self._queued_since = None

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
+from horovod.core import buggify
 from horovod.core.decision import Contributors, Decision, Message
 from horovod.core import fusion
 from horovod.core.negotiation import inline
@@ -103,8 +104,11 @@ class StarNegotiation(Negotiation):
             log.debug("negotiated (star) in set %d: %s", state.id, [n for b in batches for r in b for n in r.names])
         decided, reply = self._reply_with_data(state, stop, batches)
         wire = reply.encode()
-        for peer in state.ranks[1:]:
-            self.loop.transport.send_obj(peer, wire)
+        if buggify.ON:
+            buggify.send_each(self.loop.transport, state.ranks[1:], wire, "star.reply_slow")
+        else:
+            for peer in state.ranks[1:]:
+                self.loop.transport.send_obj(peer, wire)
         return Decision(decided, stop, reports, arrivals)
 
     def _reply_with_data(self, state: SetState, stop: bool, batches) -> Tuple[List[Batch], Reply]:
@@ -194,9 +198,10 @@ class StarRoot(StarNegotiation):
             # once. (Not one that waited in the last cycle: a step that submits 200 gradients and then waits would
             # start a cycle for its first gradient, and take two.)
             spacing = self._last_start + loop.batch_spacing() - self.loop.clock()
-            if loop.waiters.blocked > 0 or loop.waiters.polled or spacing <= 0:
+            if loop.waiters.blocked > 0 or loop.waiters.polled or spacing <= 0 or \
+                    buggify.ON and buggify.fires("star.cycle_early"):
                 return True
-            loop.select([loop.wake.reader], spacing)
+            loop.select([loop.wake.reader], buggify.late(spacing, "star.timer_late") if buggify.ON else spacing)
             loop.wake.drain()
             return False
         timeout = None
@@ -211,8 +216,9 @@ class StarRoot(StarNegotiation):
             if self._waiting_since is None:
                 self._waiting_since = now
             timeout = max(self._last_start, self._waiting_since) + max(loop.cycle_time, POLL_SECONDS) - now
-        if timeout is not None and timeout <= 0:
-            return True
+        if timeout is not None and (timeout <= 0 or buggify.ON and buggify.fires("star.cycle_early")):
+            return True     # (buggify: before every name it waits for is announced, or the poll is due)
+        timeout = buggify.late(timeout, "star.timer_late") if buggify.ON else timeout
         for fd in loop.select([loop.wake.reader] + list(self._followers), timeout):
             if fd is loop.wake.reader:
                 loop.wake.drain()
@@ -326,6 +332,7 @@ class StarFollower(StarNegotiation):
                     loop.transport.send_obj(0, _WANT_WIRE)
                     self._asked = NEW
             timeout = self._patience(timeout)
+            timeout = buggify.late(timeout, "star.timer_late") if buggify.ON else timeout
             readable = loop.select([loop.wake.reader, coordinator_fd], timeout)
             if loop.wake.reader in readable:
                 loop.wake.drain()
@@ -376,6 +383,8 @@ class StarFollower(StarNegotiation):
             self._queued_since = now
         timeout = self._queued_since + loop.batch_spacing() - now
         if loop.waiters.blocked > 0 or loop.waiters.polled or timeout <= 0:
+            if buggify.ON and buggify.held(self, "star.message_held", self._queued_since + loop.batch_spacing(), now):
+                return timeout          # to the last moment the spacing allows
             loop.transport.send_obj(0, message_and_data(loop.sets[0], loop.shutting_down(), True).encode())
             self.presented = True
             self._queued_since = None

@@ -35,6 +35,7 @@ import logging
 from typing import Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
+from horovod.core import buggify
 from horovod.core.decision import Contributors, Decision
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop
@@ -200,7 +201,7 @@ class TreeNegotiation(StarNegotiation):
             # cycle the moment rank 0 submits, before any other rank could.)
             timeouts.append(self._last_start + max(loop.cycle_time, POLL_SECONDS) - now)
         timeout = min(timeouts) if timeouts else None
-        if timeout is not None and timeout <= 0:
+        if timeout is not None and (timeout <= 0 or buggify.ON and buggify.fires("tree.cycle_early")):
             return True
         self._listen(timeout)
         return False
@@ -211,6 +212,8 @@ class TreeNegotiation(StarNegotiation):
         if not self.presented:
             if self._all_wait():
                 groups, datas = self._subtree(self.loop.sets[0], self.loop.shutting_down())
+                if buggify.ON:
+                    self._relay_slow()
                 self._send(self._parent, Up(groups, datas).encode())
                 self.presented = True
             else:
@@ -229,7 +232,7 @@ class TreeNegotiation(StarNegotiation):
         fds = [loop.wake.reader] + [fd for fd, child in self._child_fds.items() if child not in self._early]
         if parent:
             fds.append(self._parent_fd)
-        readable = loop.select(fds, timeout)
+        readable = loop.select(fds, buggify.late(timeout, "tree.timer_late") if buggify.ON else timeout)
         if loop.wake.reader in readable:
             loop.wake.drain()
         for fd in readable:
@@ -262,6 +265,8 @@ class TreeNegotiation(StarNegotiation):
             if self._parent is None:
                 self._early.clear()
                 return self._decide(state, groups, datas)
+            if buggify.ON:
+                self._relay_slow()
             self._send(self._parent, Up(groups, datas).encode())
             reply = None
         self._early.clear()
@@ -269,6 +274,8 @@ class TreeNegotiation(StarNegotiation):
             reply = self._recv(self._parent, Reply)
         decided = decode_reply(state, reply, self._parent)      # checked before it is passed on
         if self._children:
+            if buggify.ON:
+                self._relay_slow()
             wire = reply.encode()
             for child in self._children:
                 self._send(child, wire)
@@ -321,6 +328,11 @@ class TreeNegotiation(StarNegotiation):
         for child in self._children:
             self._send(child, wire)
         return Decision(decided, stop, reports, arrivals)
+
+    def _relay_slow(self) -> None:
+        """(buggify) A relay (a rank with a parent and children) stalls before it forwards, now and then."""
+        if self._children and self._parent is not None and buggify.fires("tree.relay_slow"):
+            buggify.stall()
 
     def _send(self, peer: int, frame) -> None:
         self.frames += 1

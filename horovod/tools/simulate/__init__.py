@@ -7,6 +7,8 @@ rank behind the engine's loop seam), :mod:`~horovod.tools.simulate.transport` (i
 :mod:`~horovod.tools.simulate.answers` (real data, the simulated data plane and every result checked),
 :mod:`~horovod.tools.simulate.varied` (workloads that differ per rank, drawn from a seed),
 :mod:`~horovod.tools.simulate.mutants` (bugs planted in the real protocol code, for the test that the sweep catches them),
+:mod:`~horovod.tools.simulate.replay` (the one command that replays a seed, and :mod:`horovod.core.buggify`'s fault
+points inside the real code, within what the protocols allow, that a run turns on by seed: ``--buggify``),
 :mod:`~horovod.tools.simulate.startup` and :mod:`~horovod.tools.simulate.elastic` (start-up and an elastic reset,
 modelled around the real parts), :mod:`~horovod.tools.simulate.calibration` (its costs fitted to a benchmark's small
 jobs, the larger ones predicted);

@@ -5,8 +5,10 @@ Without faults, one row of figures per world size (a step's negotiation, the fir
 rank lost mid-step and how soon every survivor knows). With --kill, --partition, --delay, --duplicate or --reorder,
 one run per world size with those faults, checking the invariants (every survivor fails naming the lost rank, no
 collective completes on some ranks only); a fault that cannot happen in the run (a rank or host that does not exist,
-a time after the workload ended) is an error. Needs greenlet: the simulate extra. docs/scaling.md says what is run
-and what is modelled.
+a time after the workload ended) is an error. With --varied, --drawn-faults or --buggify, one such run per world size
+too: each rank's workload drawn from the seed, the faults drawn from it as the tests' seed sweep draws them, the fault
+points inside the real code on (horovod.core.buggify); a failing seed of the tests prints the command that replays
+it. Needs greenlet: the simulate extra. docs/scaling.md says what is run and what is modelled.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ranks", default="8,64,512,4096", help="world sizes, comma-separated")
     parser.add_argument("--seed", type=int, default=1, help="the seed every random draw comes from (same seed, "
                                                             "same run)")
-    parser.add_argument("--steps", type=int, default=4, help="training steps (the first with new names)")
-    parser.add_argument("--tensors", type=int, default=20, help="allreduces per step")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps, the first with new names (default: 4; 3 with --varied)")
+    parser.add_argument("--tensors", type=int, default=None, help="allreduces per step (default: 20; 6 with --varied)")
     parser.add_argument("--slots", type=int, default=8, help="ranks per host")
     parser.add_argument("--cores", type=int, default=8, help="cores per host")
     parser.add_argument("--negotiation", default="auto", choices=("auto", "peer", "star", "tree"),
@@ -38,6 +41,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--duplicate", type=float, default=0.0, help="faults: probability a frame comes twice")
     parser.add_argument("--reorder", type=float, default=0.0,
                         help="faults: probability a frame is overtaken by later ones of its connection")
+    parser.add_argument("--varied", action="store_true",
+                        help="each rank's workload drawn from the seed (horovod.tools.simulate.varied: orders, times, "
+                             "new names, process sets, every collective kind, a mismatch, join)")
+    parser.add_argument("--drawn-faults", action="store_true",
+                        help="faults drawn from the seed as the tests' seed sweep draws them (not with --kill, "
+                             "--partition, --delay, --duplicate or --reorder)")
+    parser.add_argument("--buggify", action="store_true",
+                        help="the fault points inside the real negotiation and execution on, drawn from the seed "
+                             "(horovod.core.buggify)")
+    parser.add_argument("--horizon", type=float, default=float("inf"),
+                        help="seconds of virtual time a run may take before it counts as stalled (default: none)")
     parser.add_argument("--calibrated", default="",
                         help="bench/scale_control.py's JSON: the costs fitted to its np 2 and 4 (this machine's "
                              "CPU and loopback; across hosts the default link), instead of the first guesses")
@@ -64,6 +78,10 @@ def _faults_given(args) -> bool:
     return bool(args.kill or args.partition or args.delay or args.duplicate or args.reorder)
 
 
+def _seeded(args) -> bool:
+    return bool(args.varied or args.drawn_faults or args.buggify)
+
+
 def _checked(parser: argparse.ArgumentParser, args) -> Tuple[List[int], List[Tuple[float, int]],
                                                               Optional[Tuple[float, int]]]:
     """World sizes, kills and partition from the flags; a fault no run could have is a usage error."""
@@ -74,6 +92,9 @@ def _checked(parser: argparse.ArgumentParser, args) -> Tuple[List[int], List[Tup
         partition = (float(when), int(host)) if args.partition else None
     except ValueError as exc:
         parser.error(f"--ranks N,N..., --kill RANK@SECONDS,... and --partition SECONDS@HOST take numbers ({exc})")
+    if args.drawn_faults and _faults_given(args):
+        parser.error("--drawn-faults draws the faults from the seed: give no --kill, --partition, --delay, "
+                     "--duplicate or --reorder with it")
     if not sizes or min(sizes) < 2:
         parser.error(f"--ranks {args.ranks}: world sizes of at least 2")
     for when, rank in kill:
@@ -92,6 +113,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     env = {"HOROVOD_NEGOTIATION": args.negotiation}
     sizes, kill, partition = _checked(parser, args)
+    args.steps = args.steps if args.steps is not None else 3 if args.varied else 4
+    args.tensors = args.tensors if args.tensors is not None else 6 if args.varied else 20
     try:
         from horovod.tools.simulate.job import InvariantViolation      # (needs greenlet: --help does not)
         from horovod.tools.simulate.report import figures, table
@@ -99,7 +122,7 @@ def main(argv=None) -> int:
         print(f"{parser.prog}: {missing}", file=sys.stderr)
         return 1
     try:
-        if _faults_given(args):
+        if _faults_given(args) or _seeded(args):
             return max(_one_run(args, size, env, kill, partition) for size in sizes)
         costs = _costs(args.calibrated)
         costs = dataclasses.replace(costs, startup=dataclasses.replace(costs.startup, reinit=args.reinit))
@@ -137,22 +160,34 @@ def _one_run(args, size: int, env, kill, partition) -> int:
     """One seeded run of ``size`` ranks with the faults; 2 when a fault could not happen in it (it came after the
     workload ended), so that no one reads "0 killed ... invariants held" as a fault survived."""
     from horovod.tools.simulate.job import Workload
+    from horovod.tools.simulate.replay import seeded
     from horovod.tools.simulate.report import scenario
     from horovod.tools.simulate.world import Faults
 
     faults = Faults(delay=args.delay, duplicate=args.duplicate, reorder=args.reorder, kill=kill, partition=partition)
-    job = scenario(size, args.seed, args.slots, args.cores, Workload(args.steps, args.tensors), faults, env)
+    shape = dict(steps=args.steps, tensors=args.tensors, slots=args.slots, cores=args.cores,
+                 negotiation=args.negotiation)
+    if _seeded(args):      # (its violation prints the command that replays it)
+        job = seeded(size, args.seed, args.varied, args.drawn_faults, args.buggify, args.horizon, faults=faults,
+                     **shape)
+    else:
+        job = scenario(size, args.seed, args.slots, args.cores, Workload(args.steps, args.tensors), faults, env,
+                       horizon=args.horizon)
     failed = [r for r in job.ranks if r.error is not None]
     missed = [f"--kill {r}@{t:g}" for t, r in kill if r not in job.killed and job.ranks[r].finished]
     missed += [f"--partition {args.partition}"] if partition is not None and not job.world.cut else []
     if missed:
-        clean = scenario(size, args.seed, args.slots, args.cores, Workload(args.steps, args.tensors), Faults(), env)
+        clean = seeded(size, args.seed, args.varied, **shape)
         print(f"error: seed {args.seed}, {size} ranks: {' and '.join(missed)} cannot happen in this run: the "
               f"workload ({args.steps} steps of {args.tensors} allreduces) ends at {clean.world.now:.6f} s "
               f"(virtual) without faults; give an earlier time or more --steps", file=sys.stderr)
         return 2
     print(f"seed {args.seed}, {size} ranks: {len(failed)} failed, {len(job.killed)} killed, "
-          f"{job.world.events_run} events, ended at {job.world.now:.6f} s (virtual); invariants held")
+          f"{job.world.events_run} events, ended at {job.world.now:.6f} s (virtual); invariants held; "
+          f"{job.answers.results} results checked")
+    if args.buggify:
+        print(f"  buggify: enabled {dict(sorted(job.points.chances.items()))}, fired "
+              f"{dict(sorted(job.points.fired.items()))}")
     for rank in failed[:5]:
         print(f"  rank {rank.rank} at {job.failed_at[rank.rank]:.6f} s: {rank.error}")
     return 0

@@ -109,6 +109,7 @@ class Job:
         self.failed_at: Dict[int, float] = {}
         self.first_failure: Optional[int] = None          # the rank that failed first, and in which cycle
         self.first_failure_cycle: Optional[int] = None
+        self.replay: object = "the same seed, ranks and faults"     # what a violation says replays it (replay.py)
 
     # -- running ---------------------------------------------------------------------------------------------------
 
@@ -300,6 +301,10 @@ class Job:
         if self.ranks[peer].dead or self.world.severed(rank, peer):
             delay = self.world.detection_delay(peer, rank, process_only=self.ranks[peer].dead)
             self.world.at(self.world.now + delay, lambda: self.ranks[rank].connection_closed(peer, peer))
+        elif peer in self.failed_at:    # failed already: its transport, closed, refuses the dial (naming its loss)
+            lost = next(iter(self.ranks[peer].transport.closed.values()), peer)
+            self.world.at(max(self.world.now, self.failed_at[peer]) + self.world.detection_delay(peer, rank, True),
+                          lambda: self.ranks[rank].connection_closed(peer, lost))
 
     def _listeners_of(self, index: int):
         return {r.rank for r in self.ranks if index in r.transport.peers}
@@ -366,11 +371,10 @@ class Job:
                             f"without seeing it")
 
     def violation(self, what: str) -> None:
-        """Raise :class:`InvariantViolation`, naming the seed."""
-        self._violation(what)
+        """Raise :class:`InvariantViolation`, naming the seed and how to replay the run."""
+        raise InvariantViolation(f"seed {self.world.seed}: {what} (replay: {self.replay})")
 
-    def _violation(self, what: str) -> None:
-        raise InvariantViolation(f"seed {self.world.seed}: {what} (replay: the same seed, ranks and faults)")
+    _violation = violation
 
 
 def _short(signature: tuple) -> str:
