@@ -75,6 +75,7 @@ soak: venv sysdeps bytecode
 	HVD_SOAK_TRIALS=5 $(BIN)/python -m pytest -q tests/test_hostile_user.py
 	HVD_SOAK_TRIALS=3 $(BIN)/python -m pytest -q tests/test_failure_matrix.py
 	HVD_SIM_SEEDS=2000 $(BIN)/python -m pytest -q tests/test_simulate.py -k seeded_faults_and_workloads
+	HVD_SPARK_EXAMPLES=keras $(BIN)/python -m pytest -q tests/spark/test_horovod_mnist_examples.py -k keras
 	HVD_LARGE_WORLD_SIZES=32 $(BIN)/python -m pytest -q tests/test_collectives.py -k larger_world_sizes
 	HVD_BUGGIFY_SEEDS=1000 $(BIN)/python -m pytest -q tests/test_simulate_buggify.py -k every_point_fires
 	for i in 1 2 3; do $(BIN)/python -m pytest -q tests/test_scale.py tests/elastic/test_elastic_scale.py || exit 1; done
