@@ -69,6 +69,19 @@ def _op_name(name: Optional[str], tensors: Sequence, ignore_name_scope: bool) ->
     return f"{scope.rstrip('/')}/{name}" if scope else name
 
 
+def _check_set(process_set) -> None:
+    """A process set no ``init`` or ``add_process_set`` registered fails at the call, as in Horovod (``ValueError``;
+    ours is also the ``tf.errors.InvalidArgumentError`` it would be in a graph).
+
+    Raises:
+        ValueError: the set is not registered.
+    """
+    try:
+        _c._set_ranks(_c._set_id(process_set))
+    except ValueError as error:
+        raise as_tf_error(error) from None
+
+
 def _inputs(tensors) -> List[tf.Tensor]:
     out = [tf.convert_to_tensor(t) for t in tensors]
     for t in out:
@@ -110,6 +123,7 @@ def _core(single_async, grouped_async, grouped: bool, name: Optional[str], **kwa
 def _allreduce(tensors, grouped: bool, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
                ignore_name_scope=False, process_set=global_process_set) -> List[tf.Tensor]:
     """Differentiable allreduce of dense tensors (grouped: one fused group), without compression."""
+    _check_set(process_set)
     tensors = _inputs(tensors)
     if not tensors:
         return []
@@ -203,6 +217,7 @@ def _reduce_list(tensors, grouped, average, compression, op, prescale_factor, po
 # -- allgather ------------------------------------------------------------------------------------------------------
 
 def _allgather(tensors, grouped: bool, name, ignore_name_scope, process_set) -> List[tf.Tensor]:
+    _check_set(process_set)
     tensors = _inputs(tensors)
     if not tensors:
         return []
@@ -231,6 +246,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
 # -- broadcast ------------------------------------------------------------------------------------------------------
 
 def _broadcast_raw(tensors: List[tf.Tensor], root_rank, name, process_set) -> List[tf.Tensor]:
+    _check_set(process_set)
     def fn(*arrays):
         prefix = name or _c._auto_name("broadcast_group") if len(arrays) > 1 else name
         handles = []
@@ -281,6 +297,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 # -- alltoall -------------------------------------------------------------------------------------------------------
 
 def _alltoall_raw(tensor, splits, name, process_set):
+    _check_set(process_set)
     def fn(array, split_array):
         array, dtype = to_core(array)
         use = None if split_array.size == 0 else split_array
@@ -324,6 +341,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
 def _reducescatter(tensors, grouped, compression, op, name, process_set, ignore_name_scope, prescale_factor,
                    postscale_factor) -> List[tf.Tensor]:
+    _check_set(process_set)
     tensors = _inputs(tensors)
     try:    # 0-d tensors and ops other than Sum/Average, before anything is submitted
         _policy.check_reducescatter_op(op, [t.shape.rank for t in tensors if t.shape.rank is not None])

@@ -26,6 +26,8 @@ class DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's gradients, reduced over the ranks (``None`` gradients stay ``None``)."""
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
+        if not self._process_set.included():    # a rank outside the set keeps its own gradients, as in Horovod
+            return pairs
         present = [i for i, (g, _) in enumerate(pairs) if g is not None]
         reduced = grouped_allreduce([pairs[i][0] for i in present], op=self._op, compression=self._compression,
                                     process_set=self._process_set) if present else []

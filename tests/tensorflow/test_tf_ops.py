@@ -118,6 +118,10 @@ def check_horovod_tf_semantics(tf, hvd, n, me):
         hvd.alltoall(tf.zeros([4]), splits=[5] + [0] * (n - 1), name="semantics.splits")
     with pytest.raises(tf.errors.InvalidArgumentError):
         tf.function(lambda: hvd.alltoall(tf.zeros([4]), splits=[5] + [0] * (n - 1), name="semantics.gsplits"))()
+    fake = hvd.ProcessSet([0])
+    fake.process_set_id = 10        # never registered: a ValueError when the op is made, even in a graph
+    with tf.Graph().as_default(), pytest.raises(ValueError):
+        hvd.allreduce(tf.ones([2]), process_set=fake)
     for run in (lambda f: f(), lambda f: tf.function(f, autograph=False)()):   # a 0-d reducescatter: Horovod's
         with pytest.raises(tf.errors.InvalidArgumentError) as caught:            # kernel error, our RuntimeError
             run(lambda: hvd.reducescatter(tf.constant(1.0), op=hvd.Sum, name="semantics.scalar"))
