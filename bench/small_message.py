@@ -33,6 +33,8 @@ WARMUP = 300
 
 
 def worker(side: str, iters: int, out: str, port: int) -> None:
+    if os.environ.get("SMALL_MESSAGE_PIN"):     # before torch loads: one core per local rank, both sides alike
+        os.sched_setaffinity(0, {int(os.environ["HOROVOD_LOCAL_RANK"]) % (os.cpu_count() or 1)})
     import torch
     torch.set_num_threads(1)
     tensor = torch.ones(1)
@@ -95,6 +97,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=3000)
     parser.add_argument("--ab", action="append", default=[], help="another checkout to run beside this one")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin each rank of every side to its own core (local rank modulo cores) before it loads "
+                             "torch: two ranks the scheduler puts on one core take 3-5 times as long")
     parser.add_argument("--no-spin", action="store_true",
                         help="also run this checkout with HOROVOD_SPIN_US=0 (no rank polls while it waits)")
     parser.add_argument("--json", help="write the figures here")
@@ -106,6 +111,8 @@ def main() -> None:
         worker(args.worker, args.iters, args.out, args.port)
         return
 
+    if args.pin:
+        os.environ["SMALL_MESSAGE_PIN"] = "1"
     sides = [("this", ROOT, None)] + ([("this, spin 0", ROOT, {"HOROVOD_SPIN_US": "0"})] if args.no_spin else [])
     sides += [(f"ab:{os.path.basename(p.rstrip('/'))}", os.path.abspath(p), None) for p in args.ab]
     sides.append(("gloo", ROOT, None))
@@ -125,7 +132,7 @@ def main() -> None:
 
     table = {}
     print(f"\n4 B allreduce (op=Average), np {args.np}, {args.rounds} rounds x {args.iters} ops, "
-          f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
+          f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores{', ranks pinned' if args.pin else ''}")
     print(f"{'side':<22}{'median us':>10}{'q25':>8}{'q75':>8}{'cpu us/op':>11}{'cpu/wall':>9}{'x gloo':>8}")
     for name, _, _ in sides:
         medians = [r["median_us"] for r in results[name]]
@@ -140,7 +147,7 @@ def main() -> None:
               f"{cpu_share:>9.2f}{row['ratio_to_gloo']:>8.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "rounds": args.rounds, "iters": args.iters, "sides": table,
+            json.dump({"np": args.np, "rounds": args.rounds, "iters": args.iters, "pinned": args.pin, "sides": table,
                        "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count()}, f, indent=1)
 
 
