@@ -13,7 +13,6 @@ rank traces a function again (a different last-batch shape) and another does not
 
 from __future__ import annotations
 
-import re
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
@@ -35,7 +34,9 @@ from horovod.runtime.mpi_ops_names import _basics  # noqa: F401 — Horovod's mp
 from horovod.runtime.process_sets import ProcessSet, global_process_set
 from horovod.common.exceptions import UnsupportedOperationError
 from horovod.tensorflow._errors import SparseNotImplementedError, as_tf_error
-from horovod.tensorflow._tensors import check_dtype, run_async, to_core
+from horovod.tensorflow._op_inputs import (_check_set, _executing_eagerly, _gathered_shape, _inputs,  # noqa: F401
+                                           _normalize_name, _op_name)
+from horovod.tensorflow._tensors import run_async, to_core
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.queries import (barrier, join, local_rank_op, local_size_op, process_set_included_op,
                                         rank_op, size_op)
@@ -45,48 +46,6 @@ Average, Sum, Adasum, Min, Max, Product = _c.Average, _c.Sum, _c.Adasum, _c.Min,
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce", "grouped_allreduce", "allgather",
            "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter",
            "join", "barrier", "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op"]
-
-
-def _executing_eagerly() -> bool:
-    """True when TensorFlow runs ops immediately (not tracing a graph)."""
-    return tf.executing_eagerly()
-
-
-# -- names, inputs, gradients ---------------------------------------------------------------------------------------
-
-def _normalize_name(name: str) -> str:
-    return re.sub("[^a-zA-Z0-9_]", "_", name)
-
-
-def _op_name(name: Optional[str], tensors: Sequence, ignore_name_scope: bool) -> Optional[str]:
-    """The name this rank gives the core, which adds the op prefix (None: numbered in call order)."""
-    if name is None:
-        if tf.executing_eagerly() or not tensors or not hasattr(tensors[0], "name"):
-            return None
-        graph_name = tensors[0].name if len(tensors) == 1 else f"{tensors[0].name}_{tensors[-1].name}"
-        return _normalize_name(graph_name)
-    scope = "" if ignore_name_scope else tf.get_current_name_scope()
-    return f"{scope.rstrip('/')}/{name}" if scope else name
-
-
-def _check_set(process_set) -> None:
-    """A process set no ``init`` or ``add_process_set`` registered fails at the call, as in Horovod (``ValueError``;
-    ours is also the ``tf.errors.InvalidArgumentError`` it would be in a graph).
-
-    Raises:
-        ValueError: the set is not registered.
-    """
-    try:
-        _c._set_ranks(_c._set_id(process_set))
-    except ValueError as error:
-        raise as_tf_error(error) from None
-
-
-def _inputs(tensors) -> List[tf.Tensor]:
-    out = [tf.convert_to_tensor(t) for t in tensors]
-    for t in out:
-        check_dtype(t.dtype)
-    return out
 
 
 def _with_gradient(forward: Callable, grad_fn: Callable, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
@@ -100,10 +59,6 @@ def _with_gradient(forward: Callable, grad_fn: Callable, tensors: Sequence[tf.Te
             return grad_fn(*dys)
         return forward(*xs), grad
     return list(op(*tensors))
-
-
-def _gathered_shape(shape: tf.TensorShape) -> tf.TensorShape:
-    return tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else tf.TensorShape([None])
 
 
 def _core(single_async, grouped_async, grouped: bool, name: Optional[str], **kwargs) -> Callable:
