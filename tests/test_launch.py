@@ -33,7 +33,7 @@ def test_worker_env_overrides_inherited_topology():
                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321",
                    "HOROVOD_SECRET_KEY": "01ff", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
                    "PYTHONUNBUFFERED": "1", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2",
-                   "LOCAL_WORLD_SIZE": "4"}
+                   "LOCAL_WORLD_SIZE": "4", "TF_CPP_MIN_LOG_LEVEL": "1"}   # (TensorFlow's INFO off: runner/noise.py)
     assert base["HOROVOD_RANK"] == "9"  # the input is not modified
     scoped = worker_env({}, slot, RendezvousInfo("h", 1, b"", scope="job7"))
     assert scoped["HOROVOD_RENDEZVOUS_SCOPE"] == "job7"
