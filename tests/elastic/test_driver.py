@@ -286,3 +286,18 @@ def test_job_with_a_horovod_style_dict_discovery_spawns_its_hosts():
     job = ElasticJob(ElasticSettings(min_np=1), DictHosts(), spawner, KVStore(), clock=Clock(), uniform=lambda: 0.0,
                      log=lambda text: None)
     assert job.step() is None and spawner.started == ["a:0", "b:0", "b:1"]
+
+
+def test_a_failed_elastic_job_whose_launcher_ran_out_of_descriptors_says_so(monkeypatch, capsys):
+    """The elastic launcher's store ran short (``RendezvousPool.exhausted``: the descriptor message) and the job
+    failed: the returned message and stderr name it, not only the launcher's log (issue 48)."""
+    import sys
+    from horovod.runner.elastic.launch import run_elastic_job
+    from horovod.runner.rendezvous import RendezvousPool
+    said = "out of file descriptors (limit 1024): raise it with ulimit -n"
+    monkeypatch.setattr(RendezvousPool, "exhausted", property(lambda self: said))
+    code, message = run_elastic_job([sys.executable, "-c", "import sys; sys.exit(3)"],
+                                    ElasticSettings(min_np=1, max_np=1, start_timeout=30.0),
+                                    FixedHosts([HostInfo("localhost", 1)]), {})
+    assert code != 0 and f"The launcher could not serve: {said}." in message
+    assert f"horovodrun: The launcher could not serve: {said}." in capsys.readouterr().err

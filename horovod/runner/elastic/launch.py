@@ -7,6 +7,7 @@ The same pipeline as a static job, one slot at a time: the driver (:mod:`.job`) 
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Mapping, Optional, Sequence, TextIO, Tuple
 
 from horovod.common import config
@@ -111,6 +112,11 @@ def run_elastic_job(command: Sequence[str], settings: ElasticSettings, discovery
             result = job.run()
         if finish_store is not None:
             finish_store(pool.store)
+        # A failed job whose store ran out of descriptors says so where the user reads, not only in the log.
+        if result[0] != 0 and pool.exhausted:
+            trouble = f"The launcher could not serve: {pool.exhausted.rstrip('.')}."
+            print(f"horovodrun: {trouble}", file=stderr or sys.stderr, flush=True)
+            result = (result[0], f"{result[1]}\n{trouble}" if result[1] else trouble)
     return result
 
 
