@@ -9,8 +9,6 @@ TCP listener of both ranks' processes while the job is up: all on 127.0.0.1.
 """
 
 import os
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -18,6 +16,7 @@ import pytest
 
 from horovod.common.exceptions import HorovodConfigError
 from horovod.runtime.launch_env import listen_address, one_host
+from torchrun_job import run_two_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,29 +99,16 @@ def _listeners(pid):
 @pytest.mark.cli
 def test_every_listener_of_a_one_host_torchrun_job_is_on_loopback(tmp_path):
     pytest.importorskip("psutil")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.path.exists(torchrun):
-        pytest.skip("torchrun is not installed")
-    (tmp_path / "job.py").write_text(JOB)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI_", "SLURM_"))},
-           "PYTHONPATH": ROOT, "HOROVOD_SECRET_KEY": os.urandom(32).hex()}
-    proc = subprocess.Popen([torchrun, "--nproc-per-node", "2", "job.py", str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path), start_new_session=True)
-    try:
-        try:
-            deadline = time.monotonic() + 120
-            while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
-                assert time.monotonic() < deadline and proc.poll() is None, "the job never came up"
-                time.sleep(0.02)
-            listening = {r: _listeners(int((tmp_path / f"rank{r}").read_text())) for r in (0, 1)}
-        finally:
-            (tmp_path / "go").write_text("1")
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait(10)
-    assert proc.returncode == 0, err[-3000:]
+
+    def listening():
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline, "the job never came up"
+            time.sleep(0.02)
+        return {r: _listeners(int((tmp_path / f"rank{r}").read_text())) for r in (0, 1)}
+    code, out, err, listening = run_two_ranks(tmp_path, JOB, ROOT, {"HOROVOD_SECRET_KEY": os.urandom(32).hex()},
+                                              listening)
+    assert code == 0, err[-3000:]
     assert sorted(out.split("\n")[:-1]) == ["OK 0 2.0", "OK 1 2.0"], out
     print(f"TCP listeners by rank: {listening}")
     assert len(listening[0]) >= 2 and len(listening[1]) >= 1, listening   # rank 0: rendezvous and data port

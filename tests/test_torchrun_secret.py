@@ -10,8 +10,6 @@ signs a request the rendezvous accepts, and the exported key is not there; witho
 
 import os
 import re
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -19,6 +17,7 @@ import pytest
 
 from horovod.common.exceptions import RendezvousError
 from horovod.common.rendezvous_client import RendezvousClient, secret_from_hex
+from torchrun_job import run_two_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARNING = "HOROVOD_SECRET_KEY is not set: under torchrun"
@@ -69,28 +68,10 @@ def _read_agent_store(here):
 @pytest.mark.cli
 @pytest.mark.parametrize("exported", [True, False], ids=["key-exported", "no-key"])
 def test_the_agent_store_never_holds_a_usable_secret_when_one_is_exported(tmp_path, exported):
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.path.exists(torchrun):
-        pytest.skip("torchrun is not installed")
-    (tmp_path / "job.py").write_text(JOB)
     key = os.urandom(32).hex()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI_", "SLURM_"))},
-           "PYTHONPATH": ROOT}
-    if exported:
-        env["HOROVOD_SECRET_KEY"] = key
-    proc = subprocess.Popen([torchrun, "--nproc-per-node", "2", "job.py", str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path), start_new_session=True)
-    try:
-        try:
-            value, accepted = _read_agent_store(tmp_path)
-        finally:
-            (tmp_path / "go").write_text("1")
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait(10)
-    assert proc.returncode == 0, err[-3000:]
+    code, out, err, (value, accepted) = run_two_ranks(tmp_path, JOB, ROOT, {"HOROVOD_SECRET_KEY": key} if exported
+                                                      else {}, lambda: _read_agent_store(tmp_path))
+    assert code == 0, err[-3000:]
     assert sorted(re.findall(r"OK (\d) 2\.0", out)) == ["0", "1"], out     # both ranks share one stdout
     print(f"exported={exported}: the agent store's key holds {value!r}; words that sign an accepted request: "
           f"{len(accepted)}")
