@@ -23,6 +23,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_dataset_ops as _dataset_ops
 
 from horovod.common.device import DeviceTensor
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -163,28 +164,34 @@ _WAIT_OPTIONS.experimental_warm_start = False
 
 
 class _Waiter:
-    """The completion half of one graph op: the op's submissions, and an iterator whose ``GetNext`` waits for the
+    """The completion half of one graph op: the op's submissions, and the ``IteratorGetNext`` that waits for the
     latest one.
 
     ``IteratorGetNext`` is an asynchronous TensorFlow kernel with a thread of its own: the wait happens there (in
-    the dataset's ``numpy_function``), never on a thread of TensorFlow's inter-op pool.
+    the dataset's ``numpy_function``), never on a thread of TensorFlow's inter-op pool. Tracing a ``tf.function``
+    the op's iterator is made eagerly (``init_scope``) and captured. In a TF1 graph every op would add a dataset
+    function and a one-shot iterator's factory to the graph's library, which a session copies on each run (Horovod's
+    in-place broadcast test, 144 runs, took 136 s that way): there the ops of a graph share one wait function per
+    output signature (:class:`_GraphWaits`) and each run makes a fresh iterator of the op's id.
     """
 
     def __init__(self, touts: List[tf.DType], name: str):
         self.pending: collections.deque = collections.deque()
         self.touts = touts
         self.name = name
+        self._graph_waits: Optional[_GraphWaits] = None
         with tf.init_scope():    # out of control flow and dependencies; eager when tracing a tf.function
-            dataset = tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(
-                lambda i: tf.numpy_function(self._wait, [i], touts, stateful=True, name=f"{name}Wait"))
-            dataset = dataset.with_options(_WAIT_OPTIONS)
             if tf.executing_eagerly():
-                self.iterator = iter(dataset)
+                dataset = tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(
+                    lambda i: tf.numpy_function(self._wait, [i], touts, stateful=True, name=f"{name}Wait"))
+                self.iterator = iter(dataset.with_options(_WAIT_OPTIONS))
+                self.order = [self.iterator._iterator_resource]  # noqa: SLF001 — orders the op's halves
             else:
-                self.iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-        self.resource = self.iterator._iterator_resource     # noqa: SLF001 — the handle orders the op's halves
+                self._graph_waits = _GraphWaits.of(tf.compat.v1.get_default_graph())
+                self.op_id = self._graph_waits.register(self)
+                self.order = []
 
-    def _wait(self, _):
+    def _wait(self, _=None):
         # The op's GetNext runs after its submission (a control dependency), so the latest entry is this run's;
         # older ones are left by runs that TensorFlow aborted after the submission (another op failed).
         try:
@@ -195,7 +202,56 @@ class _Waiter:
         return finish()
 
     def outputs(self) -> List[tf.Tensor]:
-        return tf.nest.flatten(self.iterator.get_next())
+        if self._graph_waits is None:
+            return tf.nest.flatten(self.iterator.get_next())
+        return self._graph_waits.outputs(self.op_id, self.touts, self.name)
+
+
+class _GraphWaits:
+    """A TF1 graph's wait functions, one per output signature, and the waiters of its ops by id (kept on the graph,
+    so they live exactly as long as the ops that call them).
+
+    Each run of an op makes an anonymous iterator over ``map(wait, [op id])`` (no library function of its own) and
+    takes its one element; the map is a plain ``MapDataset``, with no optimisation, prefetch or autotune around it.
+    """
+
+    def __init__(self):
+        self.waiters: dict = {}
+        self._functions: dict = {}
+
+    @classmethod
+    def of(cls, graph) -> "_GraphWaits":
+        waits = getattr(graph, "_horovod_graph_waits", None)
+        if waits is None:
+            waits = graph._horovod_graph_waits = cls()  # noqa: SLF001 — dies with the graph
+        return waits
+
+    def register(self, waiter: _Waiter) -> int:
+        op_id = len(self.waiters)
+        self.waiters[op_id] = waiter
+        return op_id
+
+    def _dispatch(self, op_id):
+        return self.waiters[int(op_id)]._wait()  # noqa: SLF001
+
+    def _function(self, touts: List[tf.DType]):
+        key = tuple(touts)
+        if key not in self._functions:
+            @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)
+            def wait(op_id):
+                return tf.numpy_function(self._dispatch, [op_id], touts, stateful=True, name="HorovodWait")
+            self._functions[key] = wait.get_concrete_function()
+        return self._functions[key]
+
+    def outputs(self, op_id: int, touts: List[tf.DType], name: str) -> List[tf.Tensor]:
+        shapes = [tf.TensorShape(None)] * len(touts)
+        dataset = _dataset_ops.tensor_dataset([tf.constant(np.int64(op_id))], output_shapes=[[]])
+        dataset = _dataset_ops.map_dataset(dataset, [], f=self._function(touts), output_types=touts,
+                                           output_shapes=shapes)
+        iterator = _dataset_ops.anonymous_iterator_v3(output_types=touts, output_shapes=shapes)
+        with tf.control_dependencies([_dataset_ops.make_iterator(dataset, iterator)]):
+            return list(_dataset_ops.iterator_get_next(iterator, output_types=touts, output_shapes=shapes,
+                                                       name=f"{name}Wait"))
 
 
 def run_async(submit: Callable[..., Callable[[], Sequence[np.ndarray]]], inputs: Sequence, touts: Sequence[tf.DType],
@@ -229,16 +285,17 @@ def run_async(submit: Callable[..., Callable[[], Sequence[np.ndarray]]], inputs:
         return [tf.convert_to_tensor(o) for o in finish(_guarded(submit, *arrays), None)]
     waiter = _Waiter(touts, name)
 
-    def submit_op(_iterator, *arrays):
-        done = _guarded(submit, *arrays)
+    def submit_op(*arrays):
+        done = _guarded(submit, *arrays[len(waiter.order):])
         # A timeout, however long, makes the handle wait for the engine thread instead of running the engine's
         # loop on this thread: several waits in flight would otherwise take turns at the loop.
         waiter.pending.append(lambda: finish(done, threading.TIMEOUT_MAX))
         return np.int64(0)
 
-    # The iterator's handle as an input: automatic control dependencies order this op after the previous use of
-    # the same iterator only (its last wait), not after every other stateful op (Horovod's ops are not stateful).
-    token = tf.numpy_function(submit_op, [waiter.resource, *inputs], tf.int64, stateful=True, name=name)
+    # In a tf.function, the iterator's handle as an input: automatic control dependencies order this op after the
+    # previous use of the same iterator only (its last wait), not after every other stateful op (Horovod's ops are
+    # not stateful).
+    token = tf.numpy_function(submit_op, [*waiter.order, *inputs], tf.int64, stateful=True, name=name)
     with tf.control_dependencies([token]):
         outputs = waiter.outputs()
     for output, shape in zip(outputs, shapes):
