@@ -194,6 +194,18 @@ def test_workers_get_tensorflows_quiet_level_unless_the_user_set_one():
 
 
 @pytest.mark.unit
+def test_a_ray_drivers_own_tensorflow_level_reaches_its_workers(monkeypatch):
+    pytest.importorskip("ray")
+    from horovod.ray.utils import settings_env
+    from horovod.runner.pipeline import job_env
+    from horovod.runner.rendezvous import RendezvousInfo
+    info = RendezvousInfo("127.0.0.1", 1, b"k" * 32)
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    assert job_env(settings_env(), info)["TF_CPP_MIN_LOG_LEVEL"] == "1"     # the quiet default
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    assert job_env(settings_env(), info)["TF_CPP_MIN_LOG_LEVEL"] == "0"     # the user's, as under horovodrun
+
+@pytest.mark.unit
 def test_the_relay_hides_notes_on_screen_only_when_asked_and_keeps_them_in_files(tmp_path):
     import io
     from horovod.runner.output import OutputSink
@@ -210,6 +222,89 @@ def test_the_relay_hides_notes_on_screen_only_when_asked_and_keeps_them_in_files
         assert out.getvalue().splitlines() == [f"[0]<stdout>:{ONEDNN}", "[0]<stdout>:mine"]     # stdout: all
         assert (tmp_path / str(hide) / "rank.0" / "stderr").read_text().count("\n") == 3       # files: all
 
+
+
+@pytest.mark.unit
+def test_the_stderr_filter_drops_whole_startup_notes_and_copies_every_other_byte():
+    import os
+    from horovod.runner.note_filter import copy_lines
+    warning = "W0000 00:00:1796646901.298749    2135 port.cc:153] a warning"
+    given = (f"{PREAMBLE}\n{ONEDNN}\nmine\n{warning}\n{CPU_NOTE}\r\n".encode()
+             + b"bad \xff bytes\n" + f"USER {ONEDNN}\nlast without an end".encode())
+    src_r, src_w = os.pipe()
+    dst_r, dst_w = os.pipe()
+    os.write(src_w, given)
+    os.close(src_w)
+    copy_lines(src_r, dst_w)
+    os.close(src_r)
+    os.close(dst_w)
+    with os.fdopen(dst_r, "rb") as out:
+        assert out.read() == (f"mine\n{warning}\n".encode() + b"bad \xff bytes\n"
+                              + f"USER {ONEDNN}\nlast without an end".encode())
+
+
+@pytest.mark.unit
+def test_the_stderr_filter_shows_a_line_without_its_end_after_a_quiet_and_never_judges_its_rest():
+    import os
+    import select
+    import threading
+    from horovod.runner.note_filter import copy_lines
+    src_r, src_w = os.pipe()
+    dst_r, dst_w = os.pipe()
+    copier = threading.Thread(target=copy_lines, args=(src_r, dst_w), kwargs={"quiet_s": 0.05}, daemon=True)
+    copier.start()
+    try:
+        os.write(src_w, b"prompt> ")
+        assert select.select([dst_r], [], [], 10)[0], "a line without its end is held back"
+        assert os.read(dst_r, 100) == b"prompt> "      # shown while the worker still runs
+        os.write(src_w, f"{ONEDNN}\n{ONEDNN}\n".encode())   # the rest of that line passes; a whole note does not
+    finally:
+        os.close(src_w)
+    copier.join(10)
+    os.close(src_r)
+    os.close(dst_w)
+    with os.fdopen(dst_r, "rb") as out:
+        assert out.read() == f"{ONEDNN}\n".encode()
+
+
+FILTERED_WORKER = """
+import os, signal, sys
+from horovod.runner import note_filter
+notes = note_filter.start()
+print(notes.pid, flush=True)
+os.write(2, PREAMBLE.encode() + b"\\n")
+os.write(2, b"mine\\n")
+sys.stderr.write(ONEDNN + "\\n")
+if sys.argv[1] == "stop":
+    assert notes.stop() == 0
+    os.write(2, PREAMBLE.encode() + b"\\n")     # fd 2 is the old one again: not filtered
+else:
+    os.write(2, b"last words\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("end", ["stop", "kill"])
+def test_a_filtered_stderr_loses_no_line_and_its_filter_ends_with_the_worker(end):
+    code = f"PREAMBLE = {PREAMBLE!r}\nONEDNN = {ONEDNN!r}\n{FILTERED_WORKER}"
+    env = {**config.environ_snapshot(), **package_pythonpath()}
+    proc = subprocess.run([sys.executable, "-c", code, end], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == (0 if end == "stop" else -9), proc.stderr
+    assert proc.stderr == ("mine\n" + (f"{PREAMBLE}\n" if end == "stop" else "last words\n")), proc.stderr
+    pid = int(proc.stdout)
+    deadline = time.monotonic() + 10      # (run() returned: the filter closed the pipe; now its process is gone)
+    while not _gone(pid):
+        assert time.monotonic() < deadline, f"the filter {pid} outlived its worker"
+        time.sleep(0.05)
 
 TF_JOB = """
 import sys, warnings

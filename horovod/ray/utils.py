@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Union
 import ray
 
 from horovod.common import config
+from horovod.runner.noise import QUIET_DEFAULTS
 
 __all__ = ["settings_env", "job_extra_env", "driver_address"]
 
@@ -14,9 +15,11 @@ __all__ = ["settings_env", "job_extra_env", "driver_address"]
 def settings_env() -> Dict[str, str]:
     """The driver's own ``HOROVOD_*`` settings (``HOROVOD_FUSION_THRESHOLD``...), for every worker: a Ray actor does not
     inherit the driver's environment. The launcher's per-worker variables are replaced by
-    :func:`horovod.runner.pipeline.worker_env`; ``HOROVOD_ELASTIC`` is the job's to decide."""
+    :func:`horovod.runner.pipeline.worker_env`; ``HOROVOD_ELASTIC`` is the job's to decide. The driver's
+    ``TF_CPP_MIN_LOG_LEVEL``, if set, goes too: the launchers' quiet default yields to it, as under ``horovodrun``
+    (:func:`horovod.runner.noise.quiet_defaults`)."""
     return {k: v for k, v in config.environ_snapshot().items()
-            if k in config.SETTINGS_BY_ENV and k != "HOROVOD_ELASTIC"}
+            if (k in config.SETTINGS_BY_ENV and k != "HOROVOD_ELASTIC") or k in QUIET_DEFAULTS}
 
 
 def job_extra_env(timeout_s: Optional[float], nics: Optional[Union[str, Iterable[str]]],

@@ -8,6 +8,11 @@ driver's liveness watch and stop while a call is busy. The class declares no con
 ``ray.remote(BaseHorovodWorker)`` (Horovod's mixin pattern) makes a plain actor: :func:`remote_worker_cls` adds the
 group, and the driver sends :meth:`~BaseHorovodWorker.watch` and :meth:`~BaseHorovodWorker.stop_watch` there with
 :func:`control`.
+
+When the environment it is given hides TensorFlow's INFO lines (``TF_CPP_MIN_LOG_LEVEL`` 1 or more, the launchers'
+default), the actor's stderr goes through a filter process that keeps TensorFlow's start-up notes out of what Ray's log
+relay carries to the driver (:mod:`horovod.runner.note_filter`): set up by :meth:`~BaseHorovodWorker.update_env_vars`,
+which runs before the job's code (and so TensorFlow) does. It lives as long as the actor's process.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import ray
 
 from horovod.common import config
 from horovod.ray.placement import node_hostname
+from horovod.runner import note_filter
+from horovod.runner.noise import hides_notes
 from horovod.runner.run_task import TaskOutcome, capture
 
 __all__ = ["BaseHorovodWorker", "remote_worker_cls", "control", "CONTROL_GROUP"]
@@ -33,6 +40,7 @@ class BaseHorovodWorker:
     """One Horovod worker inside a Ray actor: environment, an optional executable object, and calls on it."""
 
     executable = None
+    _notes: Optional[note_filter.NoteFilter] = None     # the filter of this actor's stderr, while one runs
 
     def __init__(self, world_rank: Optional[int] = None, world_size: Optional[int] = None):
         self._stopped = threading.Event()
@@ -57,9 +65,16 @@ class BaseHorovodWorker:
         return [int(i) for i in ray.get_gpu_ids()]
 
     def update_env_vars(self, env_vars: Mapping[str, Any]) -> None:
-        """Set variables in the actor's process (values converted to ``str``)."""
+        """Set variables in the actor's process (values converted to ``str``); then filter the actor's stderr if the
+        environment now hides TensorFlow's INFO lines, or stop filtering if it no longer does (see the module doc)."""
         for name, value in env_vars.items():
             config.environ_set(str(name), str(value))
+        hide = hides_notes(config.environ_snapshot()) and _in_actor()
+        if hide and self._notes is None:
+            self._notes = note_filter.start()
+        elif not hide and self._notes is not None:
+            self._notes.stop()
+            self._notes = None
 
     def env_vars(self) -> Dict[str, str]:
         """The actor process's environment."""
@@ -101,6 +116,11 @@ class BaseHorovodWorker:
     def stop_watch(self) -> None:
         """Let :meth:`watch` return: the driver is ending the job normally."""
         self._stopped.set()
+
+
+def _in_actor() -> bool:
+    """Whether this process is a Ray actor's (an instance made elsewhere, a driver's say, leaves stderr alone)."""
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def remote_worker_cls(cls: type = BaseHorovodWorker):

@@ -10,7 +10,9 @@ twice (two libraries log it), then the CPU-feature note. Two rules, both undone 
   preamble line and INFO lines in absl's C++ format from a ``.cc`` source, plus the CPU-feature note's second line
   (:func:`is_startup_note`), when the workers' ``TF_CPP_MIN_LOG_LEVEL`` is 1 or more (:func:`hides_notes`), as
   TensorFlow would itself. A warning or an error (``W``/``E``/``F`` lines), a Python log line (``.py``) and anything
-  on stdout pass; ``--output-filename`` files keep every line.
+  on stdout pass; ``--output-filename`` files keep every line. Under Ray, whose own log relay carries the workers'
+  output, each worker actor drops the same lines from its stderr itself, through a filter process
+  (:mod:`horovod.runner.note_filter`), before Ray's relay and log files see them.
 """
 
 from __future__ import annotations

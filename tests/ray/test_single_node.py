@@ -1,6 +1,7 @@
 """Horovod on a real one-node Ray cluster, one for the module (tier ranks).
 
-RayExecutor with 1, 2 and 3 workers: every call, failures, clean shutdown; HorovodTrainer.fit() on 2 workers returns
+RayExecutor with 1, 2 and 3 workers: every call, failures, clean shutdown, and a TensorFlow job whose driver shows
+the workers' own output and none of TensorFlow's start-up notes; HorovodTrainer.fit() on 2 workers returns
 a Result with reported metrics and a checkpoint; examples/ray_digits.py reaches 95 % test accuracy.
 """
 
@@ -180,10 +181,73 @@ def test_killed_actor_fails_fast_with_horovods_message(executor_of):
     _assert_gone(pids)   # fail fast: the others were stopped too
 
 
+
+def tensorflow_job():
+    import sys
+    import warnings
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    hvd.init()
+    word = ("zero", "one")[hvd.rank()]     # (Ray's relay folds lines that differ only in numbers)
+    total = hvd.allreduce(tf.constant([1.0, 2.0]), op=hvd.Sum)
+    print(f"USER-LINE {word} {total.numpy().tolist()}", flush=True)
+    warnings.warn(f"USER-WARNING {word}")
+    print(f"USER-STDERR {word}", file=sys.stderr, flush=True)   # stderr's last line: the notes came before it
+    return hvd.rank()
+
+
+def _note_filters(pids):
+    """The stderr filter processes (horovod.runner.note_filter) whose parent is one of ``pids``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if ppid in pids and b"horovod.runner.note_filter" in cmdline.read():
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_tensorflow_job_shows_the_users_output_and_no_startup_notes(executor_of, capfd):
+    import importlib.util
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("the tensorflow extra is not installed")
+    ex = executor_of(num_workers=2, cpus_per_worker=1)
+    ex.start()
+    pids = ex.adapter.pids
+    filters = _note_filters(pids)
+    assert len(filters) == 2, filters       # TF_CPP_MIN_LOG_LEVEL=1, the launchers' default: one per worker
+    assert ex.run(tensorflow_job) == [0, 1]
+    wanted = [f"{what} {word}" for word in ("zero", "one")
+              for what in ("USER-LINE", "UserWarning: USER-WARNING", "USER-STDERR")]
+    said, deadline = "", time.monotonic() + 60
+    while not all(w in said for w in wanted):   # Ray's log relay reaches the driver (here) asynchronously
+        assert time.monotonic() < deadline, said[-3000:]
+        time.sleep(0.2)
+        said += "".join(capfd.readouterr())
+    for noise in ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard", "rebuild TensorFlow"):
+        assert noise not in said, said[-3000:]
+    for word in ("zero", "one"):
+        assert said.count(f"USER-LINE {word} [2.0, 4.0]") == 1 and said.count(f"USER-STDERR {word}") == 1, said
+    assert "BaseHorovodWorker pid=" in said
+    ex.shutdown()
+    _assert_gone(pids + filters)      # each filter ends with its worker
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"     # (a zombie has ended)
+    except OSError:
+        return False
+
+
 def _assert_gone(pids, timeout=15.0):
     deadline = time.monotonic() + timeout
-    while any(os.path.exists(f"/proc/{p}") for p in pids):
-        assert time.monotonic() < deadline, f"worker processes still alive: {pids}"
+    while any(_alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"processes still alive: {[p for p in pids if _alive(p)]}"
         time.sleep(0.05)
 
 
