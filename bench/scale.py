@@ -1,16 +1,21 @@
 """Cost against world size on one host: horovod-py beside torch.distributed (Gloo), in one run.
 
-    python bench/scale.py [--np 2,4,8,16,32,64] [--repeats 3] [--seconds 0.3] [--json FILE] [--results]
+    python bench/scale.py [--np 2,4,8,16,32,64] [--repeats 3] [--seconds 0.3] [--launch env|horovodrun]
+                          [--json FILE] [--results]
 
-For each np, ``--repeats`` times, alternating (horovod-py under ``horovodrun``, then Gloo ranks started here as
-subprocesses with MASTER_ADDR/MASTER_PORT), it measures: start-up to the first allreduce's result, the slowest rank's,
-from the launch (and how much of it came after the last rank finished importing its framework); 4 B and 1 MiB
-allreduce time and the step of 200 × 4 KiB allreduces (async, then wait), timed by bench/workers.py as
-bench/suite.py times them (the slowest rank's median); OS threads, file descriptors and max RSS per rank (the largest
-over ranks, at the end of the job); rank 0's CPU time per 4 B allreduce; and for horovod-py rank 0's CPU time per
-negotiation cycle (its process CPU over a loop of 4 B allreduces, and over a loop of steps, divided by the engine's
-cycles). Above 8 ranks a figure is timed after one warm-up op over at least one op, not two and three (Gloo's step
-takes seconds there). Each figure is the median of the runs that completed.
+For each np, ``--repeats`` times, alternating horovod-py and Gloo, both started the same way: each rank a subprocess
+of this script with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torch's ``env://``, which ``hvd.init()`` honours too:
+its rank 0 serves the rendezvous as Gloo's serves the TCPStore); ``--launch horovodrun`` starts ours under
+``horovodrun`` instead (the launcher's cost in our start-up; ``--extra`` passes it flags). It measures: start-up to
+the first allreduce's result, the slowest rank's, from the launch (and how much of it came after the last rank
+finished importing its framework); 4 B and 1 MiB allreduce time and the step of 200 × 4 KiB gradients, timed by
+bench/workers.py as bench/suite.py times them (the slowest rank's median): ours submits 200 async allreduces, then
+waits (they fuse); Gloo's peer is what buckets them, DistributedDataParallel's reducer (``workers.ddp_step``: a
+backward pass over 200 parameters of that size, less the same pass under ``no_sync()``); OS threads, file
+descriptors and max RSS (VmHWM) per rank (the largest over ranks, at the end of the job); rank 0's CPU time per 4 B
+allreduce; and for horovod-py rank 0's CPU time per negotiation cycle (its process CPU over a loop of 4 B
+allreduces, and over a loop of steps, divided by the engine's cycles). Above 8 ranks a figure is timed after one
+warm-up op over at least one op, not two and three. Each figure is the median of the runs that completed.
 
 Prints a line per run as it starts and ends, then the table; writes JSON (``--json``), plots of each cost against np
 on log axes (``bench/figures/scale-*.png``, needs matplotlib) and, with ``--results``, the section "Scale across world
@@ -30,7 +35,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -64,6 +68,13 @@ def _thread_cpu():
     return spent
 
 
+def _peak_rss_mib() -> float:
+    """This process image's peak RSS (VmHWM): ``ru_maxrss`` outlives ``exec``, so a rank forked from this script
+    would report the script's peak."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
 def _cpu_loops(spec, ops_for, agree, cycles, ar4, step):
     """Rank 0's process CPU (every thread) over a loop of 4 B allreduces and, where the engine counts cycles, over
     a loop of steps: per op, and per negotiation cycle."""
@@ -90,16 +101,22 @@ def _cpu_loops(spec, ops_for, agree, cycles, ar4, step):
     return figures
 
 
-def _measure(spec, ops_for, agree, slowest, vmax, cycles, rank, size, stamps):
-    """The timed rows (bench/workers.py), rank 0's CPU, then the per-rank counts; rank 0 writes the figures."""
+def _measure(spec, ops_for, agree, slowest, vmax, cycles, rank, size, stamps, local=None):
+    """The timed rows (bench/workers.py), rank 0's CPU, then the per-rank counts; rank 0 writes the figures.
+    ``local()``, when given, is the step's work without its reduction (DDP's backward under ``no_sync``), timed the
+    same way and taken off the step's time."""
     import workers
     plan = {"impl": spec["impl"], "ops": ["allreduce", "step"], "sizes": [4, 1 << 20], "max_bytes": 1 << 20,
             "seconds": spec["seconds"], "warmups": 2 if size <= 8 else 1, "min_iters": 3 if size <= 8 else 1}
     ar4, ar1m, step = (r["seconds"] for r in workers._plan(plan, ops_for, agree, slowest, rank, size))
     figures = {"ar4_us": ar4 * 1e6, "ar1m_us": ar1m * 1e6, "step_ms": step * 1e3}
+    if local is not None:
+        counts = {k: plan[k] for k in ("warmups", "min_iters")}
+        spent = workers._measure(local(), spec["seconds"], agree, slowest, **counts)
+        figures.update(step_ms=(step - spent) * 1e3, step_local_ms=spent * 1e3)
     figures.update(_cpu_loops(spec, ops_for, agree, cycles, ar4, step))
     counts = [len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd")), threading.active_count(),
-              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
+              _peak_rss_mib()]
     worst = vmax([t - spec["launched"] for t in stamps] + counts)
     keys = ["started_s", "imported_s", "inited_s", "first_s", "threads", "fds", "py_threads", "rss_mib"]
     figures.update(zip(keys, worst))
@@ -158,8 +175,15 @@ def _worker_gloo(spec) -> None:
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return [float(x) for x in t]
-    _measure(spec, workers.gloo_ops(dist, size), *workers.gloo_sync(dist), vmax, None, rank, size,
-             [_STARTED, imported, inited, first])
+    gloo_ops, ddp = workers.gloo_ops(dist, size), []
+
+    def ops_for(op, nbytes):    # the step's peer is DDP's bucketed reducer (built here: every rank, in plan order)
+        if op != "step":
+            return gloo_ops(op, nbytes)
+        ddp[:] = workers.ddp_step(max(1, nbytes // 4))
+        return ddp[0]
+    _measure(spec, ops_for, *workers.gloo_sync(dist), vmax, None, rank, size, [_STARTED, imported, inited, first],
+             local=lambda: ddp[1])
     dist.destroy_process_group()
 
 
@@ -204,10 +228,12 @@ def _free_port() -> int:
 
 
 def _launch(impl, np_, spec, log, args):
+    """Both sides' ranks as subprocesses of this script with torch's env:// variables (``--launch env``, which
+    horovod-py's ``hvd.init()`` honours: rank 0 serves the rendezvous), or ours under ``horovodrun``."""
     import suite
     worker = [sys.executable, os.path.abspath(__file__), "--worker", impl]
     spec["launched"] = time.time()
-    if impl == "horovod-py":
+    if impl == "horovod-py" and args.launch == "horovodrun":
         cmd = [sys.executable, "-m", "horovod.runner", "-np", str(np_), *args.extra.split(), *worker, json.dumps(spec)]
         return [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=suite._env(), start_new_session=True)]
     env = dict(suite._env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(np_))
@@ -266,7 +292,7 @@ def _meta(args):
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(), "cpu": model,
             "load_at_start": os.getloadavg(), "commit": commit.strip(), "argv": sys.argv[1:], "versions": versions,
-            "binding": args.binding, "repeats": args.repeats}
+            "binding": args.binding, "repeats": args.repeats, "launch": args.launch, "step_peer": "ddp"}
 
 
 def _summary(figures) -> str:
@@ -314,13 +340,18 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=0,
                         help="minutes: an np's next repeat is skipped when it would end past it (default: none)")
     parser.add_argument("--binding", choices=["numpy", "torch"], default="numpy", help="horovod-py's ranks use it")
-    parser.add_argument("--extra", default="", help="more horovodrun flags, space-separated")
+    parser.add_argument("--launch", choices=["env", "horovodrun"], default="env",
+                        help="env: both sides' ranks started here alike (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT); "
+                             "horovodrun: ours under horovodrun, Gloo's as in env (the launcher's cost counted)")
+    parser.add_argument("--extra", default="", help="more horovodrun flags, space-separated (--launch horovodrun)")
     parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-results.json"))
     parser.add_argument("--figures", default=os.path.join(HERE, "figures"), help="folder for scale-*.png")
     parser.add_argument("--results", action="store_true", help="write the section of bench/RESULTS.md")
     parser.add_argument("--from-json", action="store_true",
                         help="measure nothing: the table, plots and section from the runs in --json")
     args = parser.parse_args(argv)
+    if args.extra and args.launch != "horovodrun":
+        parser.error(f"--extra {args.extra!r} holds horovodrun flags: it needs --launch horovodrun")
     if args.from_json:
         with open(args.json) as handle:
             saved = json.load(handle)

@@ -104,18 +104,24 @@ def plot(table, nps, folder):
 def results_section(meta, text, repeats, plots, why="") -> str:
     """The generated block of bench/RESULTS.md's section: how the figures were made, the table, the plots."""
     v, cores, load = meta["versions"], meta["cores"], meta["load_at_start"][0]
+    env = "started as subprocesses with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT"
+    ours = (f"ranks {env} (torch's env:// convention, rank 0 serving the rendezvous)"
+            if meta.get("launch") == "env" else "`horovodrun -np N`")      # (runs before the option: horovodrun)
+    step = ("Gloo's step is DistributedDataParallel's bucketed reducer over the 200 gradients (a backward pass less "
+            "the same pass under `no_sync()`), ours 200 async allreduces, then wait" if meta.get("step_peer") == "ddp"
+            else "Gloo's step is 200 unbatched async `all_reduce` calls, then wait")
     about = (
         f"`python bench/scale.py {' '.join(meta['argv'])}` on {meta['date']} (commit {meta['commit']}): {cores} cores "
         f"({meta['cpu']}), so oversubscribed above {cores} ranks; 1-minute load average {load:.1f} when it started; "
-        f"Python {v['python']}, numpy {v['numpy']}, torch {v.get('torch', '?')}. horovod-py: `horovodrun -np N` "
-        f"at default settings, ranks through `horovod.{meta['binding']}`; Gloo: `torch.distributed` ranks started as "
-        f"subprocesses with MASTER_ADDR/MASTER_PORT (`init_method=env://`). Each cell is horovod-py / Gloo, the median "
+        f"Python {v['python']}, numpy {v['numpy']}, torch {v.get('torch', '?')}. horovod-py: {ours} "
+        f"at default settings, through `horovod.{meta['binding']}`; Gloo: `torch.distributed` ranks {env} "
+        f"(`init_method=env://`). {step}. Each cell is horovod-py / Gloo, the median "
         f"of up to {repeats} runs alternating ours then Gloo's (\"runs\" counts those that completed). Times are the "
         f"slowest rank's; start-up is from the launch to the slowest rank's first allreduce result, and \"after the "
         f"last import\" is the part of it after the last rank had imported its framework (numpy and horovod; torch). "
-        f"Threads (OS threads, /proc/self/task: ours include numpy's OpenBLAS thread), descriptors and max RSS are the "
-        f"largest over ranks at the end of the job; CPU figures are rank 0's process CPU (every thread) over a loop, "
-        f"per op or per negotiation cycle.")
+        f"Threads (OS threads, /proc/self/task: ours include numpy's OpenBLAS thread), descriptors and max RSS "
+        f"(VmHWM) are the largest over ranks at the end of the job; CPU figures are rank 0's process CPU (every "
+        f"thread) over a loop, per op or per negotiation cycle.")
     shown = ", ".join(f"`{os.path.relpath(p, HERE)}`" for p in plots) if plots else f"none ({why})"
     return "\n".join([BEGIN, *textwrap.wrap(about, width=118, break_on_hyphens=False), "", text, "",
                       *textwrap.wrap(f"Plots: {shown}.", width=118), END])

@@ -185,6 +185,37 @@ def gloo_ops(dist, size):
     return ops_for
 
 
+def ddp_step(count: int):
+    """The step's peer that buckets as Horovod fuses: DistributedDataParallel's reducer over Gloo (an initialized
+    process group), its default bucket caps, over ``STEP_TENSORS`` gradients of ``count`` float32.
+
+    Returns ``(step, local)``: ``step`` is a backward pass that sets every gradient (to ones: the parameters are
+    concatenated and summed, so autograd's work is one copy and a hook per parameter) and averages them through DDP's
+    buckets; ``local`` is the same pass under ``no_sync()``, which reduces nothing. The reduction's time is the
+    difference, which is what the ``horovod`` side's step (the 200 async allreduces, then wait) is set beside."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    class Gradients(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.grads = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(count)) for _ in range(STEP_TENSORS))
+
+        def forward(self):
+            return torch.cat(list(self.grads)).sum()
+
+    model = DistributedDataParallel(Gradients())
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model().backward()
+
+    def local():
+        with model.no_sync():
+            step()
+    return step, local
+
+
 def gloo_sync(dist):
     import torch
 
