@@ -38,7 +38,7 @@ __all__ = [
     "BackwardPasses", "resolve_op", "check_scale_factors", "check_optimizer_arguments", "check_sparse_op", "check_reducescatter_op",
     "is_power_of_two", "or_global", "set_size", "set_rank", "reduction_active",
     "predivide_factors", "reduction_scale", "local_gradient_scale", "aggregation_scale",
-    "split_groups", "parameter_names", "PassCounter", "allreduce_groups",
+    "split_groups", "parameter_names", "PassCounter", "allreduce_groups", "submit_groups",
 ]
 
 
@@ -277,6 +277,16 @@ def allreduce_groups(arrays: Sequence, groups: Sequence[Sequence[int]], name: st
     A group of one is a plain allreduce named ``{name}.{index}``; a larger group is a grouped allreduce named
     ``{name}.group{first index}``. ``dtypes`` gives the core's dtype name where numpy's is wrong (``"bfloat16"``).
     """
+    return submit_groups(arrays, groups, name, op, prescale_factor, postscale_factor, process_set, dtypes)()
+
+
+def submit_groups(arrays: Sequence, groups: Sequence[Sequence[int]], name: str, op=Average,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set: Optional[ProcessSet] = None, dtypes: Optional[Sequence[Optional[str]]] = None
+                  ) -> Callable[[Optional[float]], List[Any]]:
+    """:func:`allreduce_groups` in two halves: submits every group and returns ``finish(timeout=None)``, which
+    waits for all and returns the reduced arrays in the order of ``arrays`` (a timeout makes each wait leave the
+    engine's loop to its thread: see :meth:`horovod.core.handles.Handle.wait`)."""
     dtypes = list(dtypes) if dtypes is not None else [None] * len(arrays)
     kwargs = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   process_set=or_global(process_set))
@@ -289,12 +299,16 @@ def allreduce_groups(arrays: Sequence, groups: Sequence[Sequence[int]], name: st
             handle = _c.grouped_allreduce_async([arrays[i] for i in members], name=f"{name}.group{members[0]}",
                                                 dtypes=[dtypes[i] for i in members], **kwargs)
         pending.append((members, handle))
-    results: List[Any] = [None] * len(arrays)
-    for members, handle in pending:
-        value = handle.result()
-        for i, v in zip(members, value if len(members) > 1 else [value]):
-            results[i] = v
-    return results
+    count = len(arrays)
+
+    def finish(timeout: Optional[float] = None) -> List[Any]:
+        results: List[Any] = [None] * count
+        for members, handle in pending:
+            value = handle.result(timeout)
+            for i, v in zip(members, value if len(members) > 1 else [value]):
+                results[i] = v
+        return results
+    return finish
 
 
 # -- local accumulation ---------------------------------------------------------------------------------------------

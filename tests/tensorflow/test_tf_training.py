@@ -74,8 +74,14 @@ def check_gradient_tape_equals_full_batch(tf, keras, hvd, n, me):
         opt.apply(grads, model.trainable_variables)
         return loss
 
+    from horovod.runtime import basics
+    engine = basics.engine()
+    drives = engine._drives
     for s in range(STEPS):
         step(xs[s * BATCH:(s + 1) * BATCH], ys[s * BATCH:(s + 1) * BATCH])
+        # A graph op's wait leaves the engine's loop to the engine thread: driving it from a thread of the
+        # binding's made VGG16's step 3-25 times slower at 2 ranks (tests/test_waiting_threads.py drives eagerly).
+        assert engine._drives == drives, "a graph step's gradient reduction drove the engine's loop"
         xb, yb = xu[s * n * BATCH:(s + 1) * n * BATCH], yu[s * n * BATCH:(s + 1) * n * BATCH]
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(reference(xb) - yb))
