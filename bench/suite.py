@@ -7,7 +7,8 @@ Runs, for each implementation (horovod-py through ``horovod.numpy``, and through
 ``mpi4py`` are installed — on Debian: ``apt-get install openmpi-bin libopenmpi-dev`` then ``pip install mpi4py``):
 allreduce latency and bus bandwidth from 4 B up to ``--max-mib``, allgather and broadcast bandwidth, and the
 "200 × 4 KiB allreduces, one step" figure; then (unless ``--no-e2e``) the end-to-end synthetic benchmark against
-DistributedDataParallel (bench/torch_ddp_vs_horovod.py, about a minute; its lines are shown as they come). Writes
+DistributedDataParallel (bench/torch_ddp_vs_horovod.py: a CNN, a transformer and an embedding model, several
+minutes; its lines are shown as they come). Writes
 ``<out>/suite.json``, ``<out>/suite.md`` (the tables, with the ratios the performance targets are stated in) and
 ``<out>/busbw.png`` (bus bandwidth against size, one line per implementation; without matplotlib the run says it
 skipped the figure).
@@ -165,8 +166,8 @@ def end_to_end(np_: int, echo: Optional[Callable[[str], None]] = None, timeout: 
     """Run the end-to-end comparison (:data:`E2E_SCRIPT`), echoing each of its lines as it comes (on standard error
     by default: a round takes tens of seconds), and return its output for the report."""
     echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
-    echo(f"end to end: {os.path.basename(E2E_SCRIPT)} --np {np_} (a few rounds of horovod-py and DDP, about a "
-         f"minute) ...")
+    echo(f"end to end: {os.path.basename(E2E_SCRIPT)} --np {np_} (three models, a few rounds each of horovod-py "
+         f"and DDP: several minutes) ...")
     lines = []
     with subprocess.Popen([sys.executable, "-u", E2E_SCRIPT, "--np", str(np_)], env=_env(), stdout=subprocess.PIPE,
                           text=True) as proc:
