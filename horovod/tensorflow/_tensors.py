@@ -31,6 +31,7 @@ from horovod.common.types import dtype_name
 from horovod.runtime import context
 from horovod.tensorflow._errors import as_tf_error
 
+
 def _keep_autograph_out() -> None:
     """Tell AutoGraph to call this package's functions as they are written (TensorFlow's own config rule for
     Keras and numpy): converted, every function a traced ``tf.function`` calls into here, and the closures they hand
@@ -233,7 +234,7 @@ class _GraphWaits:
     """
 
     def __init__(self):
-        self.waiters: dict = {}
+        self.waiters: List[_Waiter] = []     # by op id
         self._functions: dict = {}
 
     @classmethod
@@ -244,9 +245,8 @@ class _GraphWaits:
         return waits
 
     def register(self, waiter: _Waiter) -> int:
-        op_id = len(self.waiters)
-        self.waiters[op_id] = waiter
-        return op_id
+        self.waiters.append(waiter)
+        return len(self.waiters) - 1
 
     def _dispatch(self, op_id):
         return self.waiters[int(op_id)]._wait()  # noqa: SLF001
