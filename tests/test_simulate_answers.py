@@ -58,7 +58,7 @@ def test_a_wrong_byte_in_one_ranks_result_fails_the_seed_and_names_the_byte(monk
     real = answers.DataPlane._combine
 
     def corrupt(self, set_id, k, held, members):
-        rank, response, parts = held[-1]
+        rank, response, parts = held[-1][:3]     # (then when it was ready)
         if response.op == OpType.ALLGATHER:     # the last member's data corrupted on its way
             parts[0] = SimpleNamespace(request=parts[0].request, array=parts[0].array + 1, handle=parts[0].handle)
         return real(self, set_id, k, held, members)

@@ -8,6 +8,9 @@ their results from the real protocol and the real execution (:mod:`horovod.core.
 collective is run by :class:`DataPlane`, the simulated data plane: the k-th collective each member of a set executes
 is combined with every other member's k-th, position by position, as a real ring combines whatever each rank
 hands it. A rank that executes other names at that position gets other tensors' data, and the check names the byte.
+Each such collective costs its data phase (:mod:`~horovod.tools.simulate.dataphase`: the algorithm the engine would
+choose, on the world's link and memory models): it starts once every member handed it in and each member's data plane
+finished its previous one (a rank's engine executes in order), and every member holds its result at its end.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 
 from horovod.common.types import OpType, ReduceOp, Request
 from horovod.core.ops import reducescatter_rows
+from horovod.tools.simulate import dataphase
 
 __all__ = ["PENDING", "tensor", "reference", "DataPlane", "Answers"]
 
@@ -110,10 +114,13 @@ class _Zeros:
 class DataPlane:
     """The simulated data plane: the k-th collective every member of a set runs, combined position by position."""
 
-    def __init__(self, job):
-        self._job = job
+    def __init__(self, job, hierarchical: bool = False):
+        self._job, self._hierarchical = job, hierarchical
         self._count: Dict[Tuple[int, int], int] = {}           # (set, rank) -> collectives it ran
         self._open: Dict[Tuple[int, int], Dict[int, tuple]] = {}  # (set, k) -> member index -> what it handed in
+        self._free: Dict[int, float] = {}                      # rank -> when its data plane finished its last
+        self.seconds = 0.0                                      # every collective's data phase, summed
+        self.phases = 0
 
     def run(self, rank, state, response, entries) -> Dict[str, object]:
         """Hand in ``rank``'s part of ``response`` (its names in order); results come once every member did."""
@@ -125,42 +132,64 @@ class DataPlane:
             parts = [_Zeros(np.zeros(shape, response.dtype)) for shape in response.shapes]
         members = state.group.ranks
         held = self._open.setdefault((state.id, k), {})
-        held[state.group.index] = (rank, response, parts)
+        held[state.group.index] = (rank, response, parts, max(rank.clock(), self._free.get(rank.rank, 0.0)))
         if len(held) == len(members):
             del self._open[(state.id, k)]
             self._combine(state.id, k, [held[i] for i in range(len(members))], members)
         return {name: PENDING for name in entries}
 
+    def _ends(self, held: List[tuple], members: Sequence[int]) -> float:
+        """When the collective ``held`` describes ends: its data phase from when its last member was ready."""
+        first = held[0]
+        nbytes = sum(int(np.asarray(part.array).nbytes) for part in first[2])
+        if first[1].op == OpType.ALLGATHER:
+            nbytes *= len(members)
+        took = dataphase.seconds(self._job.world, first[1].op, members, nbytes, self._hierarchical)
+        self.seconds += took
+        self.phases += 1
+        end = max(ready for _, _, _, ready in held) + took
+        for rank, _, _, _ in held:
+            self._free[rank.rank] = end
+        return end
+
     def _combine(self, set_id: int, k: int, held: List[tuple], members: Sequence[int]) -> None:
         first = held[0]
-        for rank, response, parts in held:
+        for rank, response, parts, _ in held:
             if response.op != first[1].op or len(parts) != len(first[2]):
                 self._job.violation(f"collective {k} of set {set_id}: rank {rank.rank} runs {OpType(response.op).name} "
                                     f"of {list(response.names)[:4]}, rank {first[0].rank} runs "
                                     f"{OpType(first[1].op).name} of {list(first[1].names)[:4]} (the data plane would "
                                     f"hang or mix them)")
+        results = []
         for t in range(len(first[2])):
-            request = next((parts[t].request for _, _, parts in held if parts[t].request is not None), None)
+            request = next((parts[t].request for _, _, parts, _ in held if parts[t].request is not None), None)
             if request is None:
                 self._job.violation(f"collective {k} of set {set_id}: no member submitted its tensor {t}")
-            requests = [parts[t].request or request for _, _, parts in held]
-            arrays = [parts[t].array for _, _, parts in held]
+            requests = [parts[t].request or request for _, _, parts, _ in held]
+            arrays = [parts[t].array for _, _, parts, _ in held]
             shapes = {np.shape(a)[1:] if requests[0].op != OpType.ALLREDUCE else np.size(a) for a in arrays}
             if len(shapes) > 1 and requests[0].op != OpType.BROADCAST:
                 self._job.violation(f"collective {k} of set {set_id}: position {t} holds tensors of shapes "
                                     f"{sorted(map(str, shapes))[:4]} (the data plane would fail or hang)")
             result = reference(requests, arrays, members)
-            for index, (rank, _, parts) in enumerate(held):
-                if parts[t].handle is not None:
-                    parts[t].handle.set_result(result(index))
+            results += [(parts[t].handle, result(index)) for index, (_, _, parts, _) in enumerate(held)
+                        if parts[t].handle is not None]
+        self._job.world.at(self._ends(held, members), lambda: self._deliver(results))
+
+    @staticmethod
+    def _deliver(results: List[tuple]) -> None:
+        # A member that died, or failed (its handles failed with it), while the data phase ran gets nothing.
+        for handle, value in results:
+            if not handle.done and not handle.rank.dead:
+                handle.set_result(value)
 
 
 class Answers:
     """Every rank's inputs by (set, name, occurrence), and each result checked against :func:`reference`."""
 
-    def __init__(self, job):
+    def __init__(self, job, hierarchical: bool = False):
         self._job = job
-        self.plane = DataPlane(job)
+        self.plane = DataPlane(job, hierarchical)
         self._times: Dict[Tuple[int, int, str], int] = {}       # (rank, set, name) -> submissions so far
         self._inputs: Dict[Tuple[int, str, int], Dict[int, Tuple[Request, np.ndarray]]] = {}
         self._checked: Dict[Tuple[int, str, int], int] = {}

@@ -123,10 +123,10 @@ def solve(measure: Callable[[float], float], target: float, low: float, high: fl
 
 
 def _scaled(cpu: CpuModel, factor: float) -> CpuModel:
-    # The refill is measured on its own (bench/core_sharing.py), and the tick is the kernel's: neither scales with the
-    # costs the fit sets.
+    # The refill is measured on its own (bench/core_sharing.py), the tick is the kernel's and the memory's rate is
+    # measured apart: none scales with the costs the fit sets.
     return dataclasses.replace(cpu, **{f.name: getattr(cpu, f.name) * factor for f in dataclasses.fields(CpuModel)
-                                       if f.name not in ("cold", "sharing", "beyond", "tick")})
+                                       if f.name not in ("cold", "sharing", "beyond", "tick", "copy")})
 
 
 def fit(measured: Dict[str, Dict[int, float]], cores: int, base: Costs = Costs(), exits: bool = True,

@@ -95,7 +95,7 @@ class Job:
         for set_id, members in workload.process_sets(self.size).items():
             for rank in self.ranks:
                 rank._sets.add(set_id, members)
-        self.answers = Answers(self)
+        self.answers = Answers(self, config.hierarchical_allreduce)
         self.mismatches = 0         # handles of a name mismatched on one rank that failed as they must
         self._step: List[int] = [0] * self.size
         self._left: List[int] = [0] * self.size
@@ -230,7 +230,7 @@ class Job:
         if self._left[rank.rank]:
             return
         step = self._step[rank.rank]
-        self.step_done[step] = rank.clock()
+        self.step_done[step] = done = max(rank.clock(), self.world.now)    # (a data phase ends while it sleeps)
         self.snapshots.setdefault(step, [None] * self.size)[rank.rank] = self._snapshot(rank)
         self._step[rank.rank] += 1
         rank.waiters.blocked = 0
@@ -239,7 +239,7 @@ class Job:
         # for it, where a real caller that ran the loop goes on without sleeping. Kept: that second refill stands in
         # for what the machine's curve misses of one real wake-up's past one share (docs/scaling-notebook.md, "Each
         # role's CPU"); with one run a step the predictions at 8-128 ranks fell from 166 to 138 cells of 200.
-        self.world.at(rank.clock() + compute, lambda: self._begin_step(rank))
+        self.world.at(done + compute, lambda: self._begin_step(rank))
 
     @staticmethod
     def _snapshot(rank: SimRank) -> Tuple[int, int, int, float]:

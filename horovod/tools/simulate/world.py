@@ -59,6 +59,10 @@ class CpuModel:
     # The machine's curve: (distinct other processes of the host that ran since a process last ran, per core; the
     # share of a full refill its wake-up then pays), from bench/core_sharing.py; empty: caches never go cold.
     sharing: Tuple[Tuple[float, float], ...] = ()
+    # A byte folded or copied in memory by a collective's data phase (horovod.tools.simulate.dataphase): packing a
+    # model's gradients into a fusion buffer ran at 7.8 GB/s on this project's VM (bench/RESULTS.md, the planner's
+    # check), and a fold reads two buffers and writes one at about that rate.
+    copy: float = 1 / 7.8e9
     # Past one full refill, what a further share of it costs: the curve's own process's full refill (a rank's
     # larger caches are refilled by then; the scheduler's and the kernel's work per wake-up still grows). 0: ``cold``.
     beyond: float = 0.0
