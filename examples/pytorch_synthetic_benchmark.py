@@ -4,10 +4,18 @@
 
 torchvision is not needed: the models are defined here (``resnet8``/``resnet18``: ResNets with basic blocks for
 small images, ``mlp``). ``build_model`` and ``make_batch`` are shared with ``bench/torch_ddp_vs_horovod.py``.
+
+With ``--json PATH`` rank 0 also writes what the scaling planner fits (``python -m horovod.tools.scaling --fit
+PATH``): the step with Horovod, the same step of an unwrapped copy of the model (compute alone), one fused allreduce
+of every gradient (communication alone), and the rate of packing the gradients into one buffer and back, as the
+engine packs them.
 """
 
 import argparse
+import datetime
+import json
 import os
+import platform
 import timeit
 
 import numpy as np
@@ -31,6 +39,8 @@ def parse_args(argv=None):
     parser.add_argument("--use-adasum", action="store_true", help="use the Adasum algorithm to do reduction")
     parser.add_argument("--no-cuda", action="store_true", help="accepted for compatibility; training is on CPU")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / local size)")
+    parser.add_argument("--json", default="", help="also measure compute, communication and packing apart and write "
+                                                  "them here (rank 0), for python -m horovod.tools.scaling --fit")
     return parser.parse_args(argv)
 
 
@@ -111,6 +121,50 @@ def run_benchmark(args, model, optimizer, log):
     return rates
 
 
+def _median_of(step, repeats):
+    """The median of ``repeats`` timings of ``step`` (seconds)."""
+    times = []
+    for _ in range(repeats):
+        start = timeit.default_timer()
+        step()
+        times.append(timeit.default_timer() - start)
+    return float(np.median(times))
+
+
+def measure_apart(args, model, rates):
+    """What the planner fits, measured on every rank (the allreduce is a collective): see the module docstring."""
+    data, target = make_batch(args.batch_size, args.image_size)
+    plain = build_model(args.model, args.image_size)
+    plain.load_state_dict(model.state_dict())
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01)
+
+    def compute():
+        plain_opt.zero_grad()
+        F.cross_entropy(plain(data), target).backward()
+        plain_opt.step()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    arrays = [g.numpy().reshape(-1) for g in grads]
+    buf = np.empty(sum(a.size for a in arrays), np.float32)
+
+    def pack():             # into one buffer and back out, as the engine's fusion does
+        np.concatenate(arrays, out=buf)
+        at = 0
+        for a in arrays:
+            a[...] = buf[at:at + a.size]
+            at += a.size
+    repeats = args.num_iters * args.num_batches_per_iter
+    compute_s = _median_of(compute, repeats)
+    sent = [g.clone() for g in grads]       # (in place, averaged: the values stay as they are)
+    allreduce_s = _median_of(lambda: hvd.grouped_allreduce_(sent, op=hvd.Average), repeats)
+    pack_s = min(_median_of(pack, 5) for _ in range(3))
+    return {"benchmark": "pytorch_synthetic_benchmark", "model": args.model, "batch_size": args.batch_size,
+            "np": hvd.size(), "local_size": hvd.local_size(), "cores": os.cpu_count(), "host": platform.node(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "params": int(sum(p.numel() for p in model.parameters())), "gradient_tensors": len(grads),
+            "gradient_bytes": int(buf.nbytes), "step_s": float(np.median([args.batch_size / r for r in rates])),
+            "compute_s": compute_s, "allreduce_s": allreduce_s, "pack_bytes_s": 2 * buf.nbytes / pack_s}
+
+
 def main(args):
     hvd.init()
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
@@ -135,6 +189,13 @@ def main(args):
     mean, conf = np.mean(rates), 1.96 * np.std(rates)
     log(f"Img/sec per CPU: {mean:.1f} +-{conf:.1f}")
     log(f"Total img/sec on {hvd.size()} CPU(s): {hvd.size() * mean:.1f} +-{hvd.size() * conf:.1f}")
+    if args.json:
+        record = measure_apart(args, model, rates)
+        if hvd.rank() == 0:
+            with open(args.json, "w") as out:
+                json.dump(record, out, indent=1)
+            log(f"Wrote {args.json}: step {record['step_s'] * 1e3:.1f} ms, compute alone "
+                f"{record['compute_s'] * 1e3:.1f} ms, allreduce alone {record['allreduce_s'] * 1e3:.1f} ms")
     hvd.shutdown()
 
 

@@ -141,7 +141,8 @@ def test_the_planner_prints_its_assumptions_and_efficiency_never_rises_with_the_
     out = capsys.readouterr().out
     effs = [int(e) for e in re.findall(r"/ (\d+)% \|", out)]
     assert len(effs) == 6 and effs == sorted(effs, reverse=True), out
-    assert "links between hosts 25 Gbit/s (--link-gbit)" in out and "8 worker(s) per host" in out
+    assert "link bandwidth: 25 Gbit/s between hosts (--link-gbit) [guessed]" in out and "8 worker(s) per host" in out
+    assert "overlap: 50% of the compute can hide communication" in out and "compute time: 200 ms a step" in out
     assert "from 8 to 16 workers the job leaves one host" in out
     link = scaling.LinkModel()
     for work, _ in scaling.PUBLISHED:
@@ -154,3 +155,33 @@ def test_the_planner_help_shows_every_default(capsys):
         scaling.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "worker counts to predict, comma-separated (default: 2,4,8" in text and "(default: 25.0)" in text
+
+
+def _synthetic(tmp_path, step_s=0.30, compute_s=0.25, allreduce_s=0.10):
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps({"benchmark": "pytorch_synthetic_benchmark", "model": "resnet8", "np": 2,
+                                "date": "2026-12-07", "step_s": step_s, "compute_s": compute_s,
+                                "allreduce_s": allreduce_s, "pack_bytes_s": 3.5e9, "gradient_bytes": 1 << 20}))
+    return path
+
+
+def test_the_synthetic_benchmarks_json_fits_packing_and_overlap_and_the_rows_say_what_was_fitted(tmp_path, capsys):
+    from horovod.tools import planner_fit
+    # 0.25 s of compute and 0.10 s of allreduce took 0.30 s together: 0.05 s of the compute hid communication.
+    copy, overlap = planner_fit.fit_synthetic(json.loads(_synthetic(tmp_path).read_text()))
+    assert copy == 3.5e9 and overlap == pytest.approx(0.2)
+    assert planner_fit.fit_synthetic(json.loads(_synthetic(tmp_path, step_s=0.5).read_text()))[1] == 0.0
+    assert scaling.main(["--published", "--fit", str(_synthetic(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| VGG-16 | 68%")]
+    assert len(rows) == 1 and "| packing, overlap | fixed cost per allreduce, latency per ring step" in rows[0]
+    assert "packing: 3.5 GB/s into the fusion buffer and back" in out and "overlap: 20% " in out
+    assert f"[fitted to {tmp_path / 'synthetic.json'}]" in out
+    crosshost = tmp_path / "crosshost.json"
+    crosshost.write_text(json.dumps(_records(scaling.LinkModel(efficiency=0.5))))
+    assert scaling.main(["--params", "1e7", "--compute-ms", "100", "--fit", str(crosshost), "--fit",
+                         str(_synthetic(tmp_path)), "--overlap", "0.3", "--workers", "2,4"]) == 0
+    out = capsys.readouterr().out
+    assert "link efficiency: e = 50% of the link reached by a ring [fitted to" in out
+    assert "overlap: 30% of the compute can hide communication (--overlap, or --fit a synthetic benchmark JSON) " \
+           "[given (--overlap)]" in out

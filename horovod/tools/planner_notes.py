@@ -3,27 +3,34 @@ notes on where the predicted efficiency moves most and why."""
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 __all__ = ["assumptions", "explain"]
 
 
-def assumptions(link, work, per_host: int, cores: int, fitted: str = "") -> str:
-    """The constants a prediction used (``link``: a :class:`~horovod.tools.scaling.LinkModel`; ``work``: a
-    :class:`~horovod.tools.scaling.Workload` or None), one line each, so that a reader sees what to change."""
-    lines = [f"assumed: links between hosts {link.link_bytes_s * 8 / 1e9:g} Gbit/s (--link-gbit), reached at "
-             f"{link.efficiency:.0%} by a ring; {link.fixed_s * 1e3:.2f} ms fixed per allreduce and "
-             f"{link.hop_s * 1e6:.0f} us per ring step ({fitted or 'defaults; --fit FILE fits them to a benchmark'})",
-             f"assumed: {per_host} worker(s) per host (--per-host; fewer workers than that share one host, whose "
-             f"local reduce runs at {link.local_bytes_s / 1e9:g} GB/s), {cores} core(s) per host for start-up "
-             f"(--cores); float32 gradients in fusion buffers of {link.fusion_bytes >> 20} MiB, packed at "
-             f"{link.copy_bytes_s / 1e9:g} GB/s",
-             "assumed: the negotiation and start-up costs of the control-plane simulation (python -m "
-             "horovod.tools.simulate; docs/scaling.md says how to fit it to your machine)"]
+def assumptions(link, work, per_host: int, cores: int, sources: Dict[str, str]) -> str:
+    """Every constant a prediction used, one line each with its value and where it came from (``link``: a
+    :class:`~horovod.tools.scaling.LinkModel`; ``work``: a :class:`~horovod.tools.scaling.Workload` or None;
+    ``sources``: :class:`~horovod.tools.planner_fit.Sources`), so that a reader sees what to measure or change."""
+    values = [("link bandwidth", f"{link.link_bytes_s * 8 / 1e9:g} Gbit/s between hosts (--link-gbit)"),
+              ("fixed cost per allreduce", f"c = {link.fixed_s * 1e3:.2f} ms (negotiation, Python; --fit a "
+                                           f"bench/crosshost.py JSON)"),
+              ("latency per ring step", f"a = {link.hop_s * 1e6:.0f} us"),
+              ("link efficiency", f"e = {link.efficiency:.0%} of the link reached by a ring"),
+              ("local reduce", f"{link.local_bytes_s / 1e9:g} GB/s within a host ({per_host} worker(s) per host, "
+                               f"--per-host; {cores} core(s) per host for start-up, --cores)"),
+              ("packing", f"{link.copy_bytes_s / 1e9:.3g} GB/s into the fusion buffer and back (--fit a synthetic "
+                          f"benchmark JSON)"),
+              ("fusion buffer", f"{link.fusion_bytes >> 20} MiB, float32 gradients")]
     if work is not None:
-        lines.append(f"assumed: {work.params:.3g} parameters, {work.compute_s * 1e3:g} ms of compute per step "
-                     f"(--compute-ms), of which {work.overlap:.0%} can hide communication (--overlap)")
-    return "\n".join(lines)
+        values += [("compute time", f"{work.compute_s * 1e3:g} ms a step, {work.params:.3g} parameters "
+                                    f"(--compute-ms, --params)"),
+                   ("overlap", f"{work.overlap:.0%} of the compute can hide communication (--overlap, or --fit "
+                               f"a synthetic benchmark JSON)")]
+    values += [("control plane", "the negotiation's costs of the control-plane simulation (python -m "
+                                 "horovod.tools.simulate; docs/scaling.md says how to fit it)"),
+               ("start-up", "the simulation's start-up model")]
+    return "\n".join(f"assumed: {name}: {value} [{sources.get(name, 'guessed')}]" for name, value in values)
 
 
 def explain(effs: Sequence[Tuple[int, float]], per_host: int, link_gbit: float) -> str:

@@ -29,7 +29,9 @@ tree hands them down, a level at a time), then the first negotiation cycle. :fun
 its constants are the simulation's (:mod:`horovod.tools.simulate.startup`, fitted to this machine by
 :mod:`horovod.tools.simulate.calibration`), and the tests hold it to the simulated start-up within 25 %.
 
-``--fit`` takes the cross-host benchmark's JSON (``bench/crosshost.py``) and fits ``c``, ``a`` and ``e`` to
+``--fit`` (repeatable) takes a synthetic benchmark's JSON (``examples/pytorch_synthetic_benchmark.py --json``), from
+which it fits the packing rate and the overlap (:mod:`horovod.tools.planner_fit`), or the cross-host benchmark's JSON
+(``bench/crosshost.py``), from which it fits ``c``, ``a`` and ``e`` to
 horovod-py's allreduce times of every flat layout by non-negative least squares on relative errors (one bandwidth
 for the machine; ``e`` is it over the mean measured link ceiling). Namespace hosts share one machine's cores (the
 benchmark records ``machine_cores``), and on them the link is the kernel copying bytes, so with more ranks than cores
@@ -46,7 +48,6 @@ import dataclasses
 import json
 import math
 import sys
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -54,6 +55,7 @@ import numpy as np
 from horovod.core.bootstrap import DIRECT_RECORDS_MAX_RANKS
 from horovod.core.negotiation import PEER_NEGOTIATION_MAX_RANKS, STAR_NEGOTIATION_MAX_RANKS
 from horovod.core.negotiation.tree import ARITY
+from horovod.tools.planner_fit import Sources, fit_files, measure_copy_bytes_s
 from horovod.tools.planner_notes import assumptions, explain
 from horovod.tools.simulate.startup import StartupModel as SimStartup
 
@@ -217,14 +219,20 @@ def predict_table(link: LinkModel, works: Sequence[Workload], workers: Sequence[
     return "\n".join(lines)
 
 
-def published_table(link: LinkModel, control: ControlModel, workers: int = 512, per_host: int = 4) -> str:
-    """Horovod's published scaling efficiency at 512 GPUs beside this model's prediction for the same models."""
+def published_table(link: LinkModel, control: ControlModel, workers: int = 512, per_host: int = 4,
+                    overlap: Optional[float] = None, sources: Optional[Sources] = None) -> str:
+    """Horovod's published scaling efficiency at 512 GPUs beside this model's prediction for the same models (with
+    ``overlap`` where it was fitted), each row saying which of its constants were fitted and which guessed."""
+    sources = sources or Sources()
+    fitted, guessed = sources.split()
     lines = [f"| model ({workers} workers, {per_host} per host) | published | predicted | predicted step | "
-             "of which control plane |", "|---|---|---|---|---|"]
+             "of which control plane | fitted | guessed |", "|---|---|---|---|---|---|---|"]
     for work, efficiency in PUBLISHED:
+        work = work if overlap is None else dataclasses.replace(work, overlap=overlap)
         step = step_seconds(link, work, workers, per_host, control)
         lines.append(f"| {work.name} | {efficiency:.0%} | {work.compute_s / step:.0%} | {step * 1e3:.0f} ms | "
-                     f"{control_seconds(control, workers) * 1e3:.2f} ms |")
+                     f"{control_seconds(control, workers) * 1e3:.2f} ms | {', '.join(fitted) or 'none'} | "
+                     f"{', '.join(guessed) or 'none'} |")
     return "\n".join(lines)
 
 
@@ -284,20 +292,6 @@ def fit(records, base: LinkModel = LinkModel()) -> LinkModel:
     return dataclasses.replace(base, fixed_s=fixed, hop_s=hop, efficiency=bandwidth / ceiling, link_bytes_s=ceiling)
 
 
-def measure_copy_bytes_s(repeats: int = 20) -> float:
-    """This machine's rate of packing the benchmark model's gradients into a fusion buffer (numpy, as the engine
-    packs), in bytes per second: the ``copy_bytes_s`` of :func:`check` on the machine that ran the benchmark."""
-    tensors = [np.ones(n, np.float32) for n in MODEL_TENSORS]
-    buf = np.empty(sum(MODEL_TENSORS), np.float32)
-    np.concatenate(tensors, out=buf)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.concatenate(tensors, out=buf)
-        best = min(best, time.perf_counter() - start)
-    return buf.nbytes / best
-
-
 def check(records, link: Optional[LinkModel] = None) -> List[Dict[str, float]]:
     """The benchmark's model step on every flat layout: measured best time against the fitted prediction (each
     layout with its ranks' share of the machine's cores, see :func:`fit`)."""
@@ -322,18 +316,34 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", type=float, help="model parameters (float32 gradients), e.g. 25.6e6")
     parser.add_argument("--compute-ms", type=float, help="compute time of one step on one worker, ms")
-    parser.add_argument("--overlap", type=float, default=0.5, help="share of the compute communication can hide")
+    parser.add_argument("--overlap", type=float, default=None, help="share of the compute communication can hide "
+                        "(default: fitted by --fit from a synthetic benchmark's JSON, else 0.5)")
     parser.add_argument("--link-gbit", type=float, default=25.0, help="link speed between hosts, Gbit/s")
     parser.add_argument("--per-host", type=int, default=1, help="workers per host (hierarchical above 1)")
     parser.add_argument("--cores", type=int, default=0, help="cores per host for start-up (0: --per-host)")
     parser.add_argument("--workers", default="2,4,8,16,32,64,128,256,512,1024,2048,4096",
                         help="worker counts to predict, comma-separated")
-    parser.add_argument("--fit", help="bench/crosshost.py's JSON: fit the model's constants to it")
+    parser.add_argument("--fit", action="append", default=[],
+                        help="a measured run's JSON to fit constants to (repeatable): bench/crosshost.py's (c, a, e) "
+                             "or examples/pytorch_synthetic_benchmark.py --json's (packing, overlap)")
     parser.add_argument("--published", action="store_true", help="the three published models (128 x 4 GPUs)")
     parser.add_argument("--check", help="bench/crosshost.py's JSON: predicted vs measured model steps")
     parser.add_argument("--copy-gbyte-s", type=float, help="with --check: packing rate of the machine that ran the "
                         "benchmark (default: measured here)")
     return parser.parse_args(argv)
+
+
+def _published(link: LinkModel, workers, control, startup, overlap: Optional[float], sources: Sources) -> int:
+    """The --published report: the three models at every worker count, then beside Horovod's 512-GPU figures."""
+    sources["link bandwidth"] = "published (25 Gbit/s RoCE)"
+    works = [w if overlap is None else dataclasses.replace(w, overlap=overlap) for w, _ in PUBLISHED]
+    print(predict_table(link, works, workers, per_host=4, control=control, startup=startup, cores=4))
+    print("\npublished at 512 GPUs: " + ", ".join(f"{w.name} {eff:.0%}" for w, eff in PUBLISHED) + "\n")
+    print(published_table(link, control, overlap=overlap, sources=sources))
+    print("\n" + assumptions(link, works[0], 4, 4, sources).replace(
+        f"{works[0].compute_s * 1e3:g} ms a step, {works[0].params:.3g} parameters",
+        "per model (ResNet-101 490 ms, Inception V3 450 ms, VGG-16 420 ms: batch 64 on one P100, not published)"))
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -342,7 +352,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.check:
         with open(args.check) as handle:
             records = json.load(handle)
-        copy = args.copy_gbyte_s * 1e9 if args.copy_gbyte_s else measure_copy_bytes_s()
+        copy = args.copy_gbyte_s * 1e9 if args.copy_gbyte_s else measure_copy_bytes_s(MODEL_TENSORS)
         link = fit(records, LinkModel(copy_bytes_s=copy))
         print(f"fitted: c = {link.fixed_s * 1e3:.2f} ms per op, a = {link.hop_s * 1e6:.0f} us per step, "
               f"e = {link.efficiency:.0%} of the link, for ranks with a core each; packing "
@@ -352,26 +362,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"| {row['layout']} | {row['measured_s'] * 1e3:.1f} ms | {row['predicted_s'] * 1e3:.1f} ms | "
                   f"{row['error']:+.0%} |")
         return 0
-    link = LinkModel(link_bytes_s=args.link_gbit * 1e9 / 8)
-    if args.fit:
-        with open(args.fit) as handle:
-            link = dataclasses.replace(fit(json.load(handle)), link_bytes_s=link.link_bytes_s)
+    link, overlap, sources, said = fit_files(args.fit, LinkModel(link_bytes_s=args.link_gbit * 1e9 / 8), fit)
+    print("\n".join(said)) if said else None
     workers = [int(w) for w in args.workers.split(",")]
     control, startup = ControlModel.simulated(), StartupTerm.simulated()
     if args.published:
-        print(predict_table(link, [w for w, _ in PUBLISHED], workers, per_host=4, control=control, startup=startup,
-                            cores=4))
-        print("\npublished at 512 GPUs: " + ", ".join(f"{w.name} {eff:.0%}" for w, eff in PUBLISHED) + "\n")
-        print(published_table(link, control))
-        print("\n" + assumptions(link, None, 4, 4, f"fitted to {args.fit}" if args.fit else ""))
-        return 0
+        return _published(link, workers, control, startup, overlap, sources)
     if args.params is None or args.compute_ms is None:
         print("give --params and --compute-ms (or --published, or --check FILE)", file=sys.stderr)
         return 2
-    work = Workload("model", args.params, args.compute_ms / 1e3, args.overlap)
+    sources.given(sys.argv[1:] if argv is None else argv)
+    overlap = args.overlap if args.overlap is not None else 0.5 if overlap is None else overlap
+    work = Workload("model", args.params, args.compute_ms / 1e3, overlap)
     print(predict_table(link, [work], workers, args.per_host, control, startup, args.cores or args.per_host))
-    print("\n" + assumptions(link, work, args.per_host, args.cores or args.per_host,
-                             f"fitted to {args.fit}" if args.fit else ""))
+    print("\n" + assumptions(link, work, args.per_host, args.cores or args.per_host, sources))
     effs = [(n, work.compute_s / step_seconds(link, work, n, args.per_host, control)) for n in workers]
     notes = explain(effs, args.per_host, link.link_bytes_s * 8 / 1e9)
     print(notes) if notes else None

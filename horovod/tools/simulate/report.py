@@ -5,7 +5,8 @@ survivors take to fail after a rank dies, start-up and an elastic reset.
 
 Per world size it runs the training loop of :class:`~horovod.tools.simulate.job.Workload` twice: once whole, for
 frames and bytes per rank and cycle (the first step, whose names are new, and the cached steps after it) and the
-step's latency from its last submission to its last result; once with a rank killed in the middle of a step, for the
+step's latency from its last submission to its last result (every data phase included: the collectives whose data
+did not ride the negotiation, :mod:`~horovod.tools.simulate.dataphase`); once with a rank killed in the middle of a step, for the
 time until the last survivor has failed naming it. Then once from the launch to the first result
 (:mod:`~horovod.tools.simulate.startup`), and an elastic reset around the lost rank's detection
 (:mod:`~horovod.tools.simulate.elastic`).
@@ -62,6 +63,9 @@ def figures(size: int, seed: int, steps: int = 4, tensors: int = 20, slots: int 
     cached = [job.step_done[s] - job.step_submitted[s] for s in range(1, steps)]
     out["step_latency_s"] = sum(cached) / len(cached) if cached else 0.0
     out["cycles_per_step"] = (max(r.cycles for r in job.ranks) - 1) / steps     # (the shutdown's cycle aside)
+    plane = job.answers.plane       # collectives whose data did not ride the negotiation, and their data phases
+    out["data_phases_per_step"] = plane.phases / steps
+    out["data_phase_s"] = plane.seconds / plane.phases if plane.phases else 0.0
     victim = victim_of(size)
     middle = job.step_submitted.get(steps // 2, 0.0) + out["step_latency_s"] / 2
     lost = scenario(size, seed, slots, cores, Workload(steps=steps, tensors=tensors),
@@ -88,13 +92,15 @@ def _lifecycle(size, seed, slots, cores, tensors, env, cpu, link, startup, detec
 def table(rows: List[Dict[str, float]]) -> str:
     """The figures as a markdown table."""
     head = ("| ranks | mode | frames / rank / cached cycle (most, mean) | bytes / rank / cached cycle (most) | "
-            "frames / rank / cycle, new names (most) | cycles / step | cached step latency, ms | "
+            "frames / rank / cycle, new names (most) | cycles / step | data phases / step (each, ms) | "
+            "cached step latency, ms | "
             "lost rank: last survivor fails after, ms | survivors naming it | start-up to the first result, s | "
             "elastic reset, s | simulated in, s |")
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         lines.append(f"| {r['ranks']} | {r['mode']} | {r['frames_max']:.1f}, {r['frames_mean']:.1f} | "
                      f"{r['bytes_max']:.0f} | {r['new_frames_max']:.1f} | {r['cycles_per_step']:.2f} | "
+                     f"{r.get('data_phases_per_step', 0.0):.1f} ({r.get('data_phase_s', 0.0) * 1e3:.2f}) | "
                      f"{r['step_latency_s'] * 1e3:.2f} | {r['detect_s'] * 1e3:.2f} | "
                      f"{r['survivors_naming']} of {r['ranks'] - 1} | {r.get('startup_s', float('nan')):.2f} | "
                      f"{r.get('reset_s', float('nan')):.2f} | "
