@@ -12,6 +12,10 @@ DEMO := $(if $(wildcard examples/pytorch_digits.py),examples/pytorch_digits.py,e
 # Spark: the full set is a 4 GB environment).
 DEMO_EXTRAS := examples
 TEST_EXTRAS := test,examples,tensorflow,jax,ray,spark
+# ml_dtypes 0.7.0 (which TensorFlow, Keras and JAX all import) spends 0.8-1.2 CPU-s initialising its extension
+# module, against 0.1 s for 0.6.0: every TensorFlow or JAX rank the suite starts paid it (docs/performance.md).
+# TensorFlow, Keras and JAX accept ml_dtypes>=0.5.1.
+FAST_IMPORTS := "ml_dtypes<0.7"
 
 .PHONY: venv demo-venv test soak demo clean sysdeps bytecode
 
@@ -22,7 +26,7 @@ demo-venv: $(VENV)/.demo-installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[$(TEST_EXTRAS)]" $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[$(TEST_EXTRAS)]" $(TORCH) $(FAST_IMPORTS)
 	touch $@ $(VENV)/.demo-installed
 
 # The demo's environment; the full one (above) holds it too, so after `make test` the demo installs nothing more.
