@@ -17,6 +17,7 @@ import time
 import pytest
 
 from horovod.testing.fixtures import run_horovodrun
+from horovod.runner.worker_threads import host_cores
 from horovod.testing.netns import NetnsCluster, unavailable_reason
 from horovod.testing.fixtures import wait_for as _wait_for
 
@@ -40,7 +41,8 @@ JOB = textwrap.dedent("""
     gathered = hvd.allgather(np.full((r + 1, 2), r, dtype=np.int32))
     assert gathered.tolist() == [[q, q] for q in range(s) for _ in range(q + 1)], gathered
     print(f"OK rank={r} size={s} local={hvd.local_rank()}/{hvd.local_size()} "
-          f"cross={hvd.cross_rank()}/{hvd.cross_size()} host={os.environ['HOROVOD_HOSTNAME']} cwd={os.getcwd()}")
+          f"cross={hvd.cross_rank()}/{hvd.cross_size()} host={os.environ['HOROVOD_HOSTNAME']} cwd={os.getcwd()} "
+          f"threads={os.environ.get('OMP_NUM_THREADS')}")
     if r == 0:  # hold the job while the test looks for the secret in every process's command line
         path = os.path.join(out, "secret")
         fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT, 0o600)
@@ -128,9 +130,10 @@ def test_two_hosts_two_slots_over_ssh(cluster, tmp_path, flags):
     lines = sorted(line for line in out.splitlines() if "OK rank=" in line)
     assert len(lines) == 4, out + err
     expected = {0: (a, "0/2", "0/2"), 1: (a, "1/2", "0/2"), 2: (b, "0/2", "1/2"), 3: (b, "1/2", "1/2")}
+    threads = max(1, host_cores() // 2)     # each host's share for its two workers, computed on the host
     for rank, (host, local, cross) in expected.items():
         assert (f"[{rank}]<stdout>:OK rank={rank} size=4 local={local} cross={cross} host={host.address} "
-                f"cwd={tmp_path}") in lines, lines
+                f"cwd={tmp_path} threads={threads}") in lines, lines
     print(f"2x2 job over ssh: {time.monotonic() - started:.1f} s")
     for host in (a, b):  # nothing left running on any host
         _wait_for(lambda: not cluster.worker_pids(host), 10, f"the processes on {host.address} to end")

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 from horovod.common.config import environ_snapshot
 from horovod.runner import mux
 from horovod.runner.procgroup import forward_signals, signal_group, signal_sessions, start_session
+from horovod.runner.worker_threads import thread_defaults
 
 __all__ = ["make_host_payload", "parse_host_payload", "run_host"]
 
@@ -103,7 +104,8 @@ class _Host:
         for worker in workers:
             rank = worker["rank"]
             try:
-                child = start_session(worker["command"], {**base, **worker["env"]})
+                env = {**base, **worker["env"]}
+                child = start_session(worker["command"], {**env, **thread_defaults(env)})
             except OSError as exc:
                 self.fail(rank, 127, f"horovod: cannot start {worker['command'][0]!r} on host "
                                      f"{socket.gethostname()}: {exc.strerror or exc}\n")

@@ -8,17 +8,20 @@ from typing import Callable, Dict, Sequence
 
 from horovod.runner.backends.base import WorkerHandle, WorkerLaunch, start_each
 from horovod.runner.procgroup import ProcessHandle, start_session
+from horovod.runner.worker_threads import thread_defaults
 
 __all__ = ["LocalBackend", "start_local"]
 
 
 def start_local(launch: WorkerLaunch, popen: Callable[..., subprocess.Popen] = subprocess.Popen) -> ProcessHandle:
-    """Start one worker on this machine: its command with exactly its environment, in a new session.
+    """Start one worker on this machine: its command with its environment (and, unless that sets it, its share of
+    this machine's cores as ``OMP_NUM_THREADS``: :mod:`horovod.runner.worker_threads`), in a new session.
 
     Raises:
         OSError: the command cannot be started.
     """
-    return ProcessHandle(start_session(launch.command, launch.env, popen=popen))
+    env = {**launch.env, **thread_defaults(launch.env)}
+    return ProcessHandle(start_session(launch.command, env, popen=popen))
 
 
 class LocalBackend:
