@@ -41,11 +41,11 @@ sysdeps:
 
 # Three phases: most tests wait on processes, sockets and timeouts rather than compute, so four run at once on two
 # cores (a test that shares a module's spawned job or the Spark cluster goes to the worker that builds it: see
-# horovod/testing/fixtures.py); the tests that bound a time while the machine stays idle (marker timed) then run four
-# at once beside each other only; those that bound a time under load or load the whole machine (marker serial) run
-# last, one at a time.
+# horovod/testing/fixtures.py); the tests that bound a time while the machine stays idle (marker timed) then run five
+# at once beside each other only (their waits, not their CPU, set the phase's length); those that bound a time under
+# load or load the whole machine (marker serial) run last, one at a time.
 TEST_WORKERS ?= 4
-TIMED_WORKERS ?= 4
+TIMED_WORKERS ?= 5
 # --strict-skips (horovod/testing/skips.py): each phase lists every skip with its reason and fails when a test
 # skipped for a reason this machine does not explain (not root, no mpirun, ...); a missing extra never is one.
 PYTEST = $(BIN)/python -m pytest -q --strict-skips

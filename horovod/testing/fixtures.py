@@ -36,11 +36,11 @@ TIERS = {
 }
 # Across the tiers, how `make test` schedules a test: most run four at a time (``-m "not serial and not timed"``);
 # tests that bound a time while the machine stays nearly idle (a user's sleep, a stall or start timeout running out)
-# then run four at a time beside each other only (``-m timed``); tests that bound a time under load, or load the
+# then run five at a time beside each other only (``-m timed``); tests that bound a time under load, or load the
 # machine themselves with dozens of ranks or hold a machine-wide resource (a Ray cluster, a second local user), run
 # last, alone (``-m serial``).
 SCHEDULES = {
-    "timed": "bounds a time but leaves the CPU idle; `make test` runs it beside other timed tests only, four at once "
+    "timed": "bounds a time but leaves the CPU idle; `make test` runs it beside other timed tests only, five at once "
              "(timed(seconds=N): a wait of N s, started first)",
     "serial": "bounds a time under load or loads the whole machine; `make test` runs it last, alone",
 }
