@@ -157,11 +157,12 @@ def test_the_planner_help_shows_every_default(capsys):
     assert "worker counts to predict, comma-separated (default: 2,4,8" in text and "(default: 25.0)" in text
 
 
-def _synthetic(tmp_path, step_s=0.30, compute_s=0.25, allreduce_s=0.10):
+def _synthetic(tmp_path, step_s=0.30, compute_s=0.25, allreduce_s=0.10, gradient_bytes=528 << 20):
     path = tmp_path / "synthetic.json"
-    path.write_text(json.dumps({"benchmark": "pytorch_synthetic_benchmark", "model": "resnet8", "np": 2,
+    path.write_text(json.dumps({"benchmark": "pytorch_synthetic_benchmark", "model": "vgg16", "np": 2,
                                 "date": "2026-12-07", "step_s": step_s, "compute_s": compute_s,
-                                "allreduce_s": allreduce_s, "pack_bytes_s": 3.5e9, "gradient_bytes": 1 << 20}))
+                                "allreduce_s": allreduce_s, "pack_bytes_s": 3.5e9,
+                                "gradient_bytes": gradient_bytes}))
     return path
 
 
@@ -171,6 +172,17 @@ def test_the_synthetic_benchmarks_json_fits_packing_and_overlap_and_the_rows_say
     copy, overlap = planner_fit.fit_synthetic(json.loads(_synthetic(tmp_path).read_text()))
     assert copy == 3.5e9 and overlap == pytest.approx(0.2)
     assert planner_fit.fit_synthetic(json.loads(_synthetic(tmp_path, step_s=0.5).read_text()))[1] == 0.0
+    # Gradients that fit one fusion buffer: the planner's step is T + C whatever the overlap, so it is not fitted.
+    one_buffer = json.loads(_synthetic(tmp_path, gradient_bytes=45 << 20).read_text())
+    assert planner_fit.fit_synthetic(one_buffer) == (3.5e9, None)
+    assert scaling.main(["--published", "--fit", str(_synthetic(tmp_path, gradient_bytes=45 << 20))]) == 0
+    out = capsys.readouterr().out
+    assert "overlap not fitted: its 45 MiB of gradients fit one 64 MiB fusion buffer" in out
+    assert "| packing | fixed cost per allreduce, latency per ring step, link efficiency, local reduce, overlap," in out
+    given = ["--published", "--link-gbit", "100", "--overlap", "0.7", "--fit", str(_synthetic(tmp_path))]
+    assert scaling.main(given) == 0
+    out = capsys.readouterr().out
+    assert "[given (--link-gbit 100; published: 25 Gbit/s)]" in out and "overlap: 70% " in out, out
     assert scaling.main(["--published", "--fit", str(_synthetic(tmp_path))]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| VGG-16 | 68%")]

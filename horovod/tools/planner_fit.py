@@ -62,9 +62,13 @@ def is_synthetic(saved) -> bool:
     return isinstance(saved, dict) and "compute_s" in saved and "pack_bytes_s" in saved
 
 
-def fit_synthetic(record: Dict[str, float]) -> Tuple[float, float]:
-    """(packing bytes per second, overlap) from the synthetic benchmark's record (see the module docstring)."""
+def fit_synthetic(record: Dict[str, float], fusion_bytes: int = 64 << 20) -> Tuple[float, Optional[float]]:
+    """(packing bytes per second, overlap) from the synthetic benchmark's record (see the module docstring). The
+    overlap is None where every gradient fits one fusion buffer of ``fusion_bytes``: the planner's step is then
+    ``T + C`` whatever the overlap, so such a run cannot show it."""
     compute, communication, step = record["compute_s"], record["allreduce_s"], record["step_s"]
+    if record.get("gradient_bytes", fusion_bytes + 1) <= fusion_bytes:
+        return float(record["pack_bytes_s"]), None
     overlap = (compute + communication - step) / compute if compute > 0 else 0.0
     return float(record["pack_bytes_s"]), min(1.0, max(0.0, overlap))
 
@@ -77,14 +81,18 @@ def fit_files(paths: Sequence[str], link, fit_crosshost) -> Tuple[object, Option
         with open(path) as handle:
             saved = json.load(handle)
         if is_synthetic(saved):
-            copy, overlap = fit_synthetic(saved)
+            copy, fitted_overlap = fit_synthetic(saved, link.fusion_bytes)
             link = dataclasses.replace(link, copy_bytes_s=copy)
-            for name in ("packing", "overlap"):
-                sources[name] = f"fitted to {path}"
+            sources["packing"] = f"fitted to {path}"
+            if fitted_overlap is None:
+                shown = (f"overlap not fitted: its {saved['gradient_bytes'] / 2 ** 20:.0f} MiB of gradients fit one "
+                         f"{link.fusion_bytes >> 20} MiB fusion buffer, where the step is T + C whatever the overlap")
+            else:
+                overlap, sources["overlap"] = fitted_overlap, f"fitted to {path}"
+                shown = (f"overlap {overlap:.0%} (step {saved['step_s'] * 1e3:.1f} ms against compute "
+                         f"{saved['compute_s'] * 1e3:.1f} ms and allreduce {saved['allreduce_s'] * 1e3:.1f} ms apart)")
             said.append(f"fitted to {path} ({saved.get('model')} at np {saved.get('np')}, {saved.get('date')}): "
-                        f"packing {copy / 1e9:.2f} GB/s; overlap {overlap:.0%} (step {saved['step_s'] * 1e3:.1f} "
-                        f"ms against compute {saved['compute_s'] * 1e3:.1f} ms and allreduce "
-                        f"{saved['allreduce_s'] * 1e3:.1f} ms apart)")
+                        f"packing {copy / 1e9:.2f} GB/s; {shown}")
         else:
             fitted = fit_crosshost(saved)
             link = dataclasses.replace(link, fixed_s=fitted.fixed_s, hop_s=fitted.hop_s,

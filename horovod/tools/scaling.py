@@ -335,7 +335,10 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def _published(link: LinkModel, workers, control, startup, overlap: Optional[float], sources: Sources) -> int:
     """The --published report: the three models at every worker count, then beside Horovod's 512-GPU figures."""
-    sources["link bandwidth"] = "published (25 Gbit/s RoCE)"
+    if link.link_bytes_s == 25e9 / 8:
+        sources["link bandwidth"] = "published (25 Gbit/s RoCE)"
+    else:
+        sources["link bandwidth"] = f"given (--link-gbit {link.link_bytes_s * 8 / 1e9:g}; published: 25 Gbit/s)"
     works = [w if overlap is None else dataclasses.replace(w, overlap=overlap) for w, _ in PUBLISHED]
     print(predict_table(link, works, workers, per_host=4, control=control, startup=startup, cores=4))
     print("\npublished at 512 GPUs: " + ", ".join(f"{w.name} {eff:.0%}" for w, eff in PUBLISHED) + "\n")
@@ -367,6 +370,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workers = [int(w) for w in args.workers.split(",")]
     control, startup = ControlModel.simulated(), StartupTerm.simulated()
     if args.published:
+        if args.overlap is not None:        # an explicit --overlap wins over a fitted one, as below
+            overlap, sources["overlap"] = args.overlap, "given (--overlap)"
         return _published(link, workers, control, startup, overlap, sources)
     if args.params is None or args.compute_ms is None:
         print("give --params and --compute-ms (or --published, or --check FILE)", file=sys.stderr)

@@ -91,7 +91,18 @@ def _hierarchical(world, members: Sequence[int], nbytes: float) -> float:
             seen.add(world.host_of(r))
             leaders.append(r)
     within = _ring(world, local, nbytes, 2 * (len(local) - 1), True)
-    return within + _ring(world, leaders, nbytes, 2 * (len(leaders) - 1), True)
+    across = _ring(world, leaders, nbytes, 2 * (len(leaders) - 1), True)
+    return within + across + _chain(world, local, nbytes)      # the leader's result down its host's chain
+
+
+def _chain(world, members: Sequence[int], nbytes: float) -> float:
+    """A chain broadcast of ``nbytes`` (``ring.chain_broadcast``): ``n - 1`` hops, then the bytes pipelined behind
+    them in chunks, the last chunk ``n - 2`` chunk times behind the first."""
+    n = len(members)
+    if n < 2:
+        return 0.0
+    fill = min(nbytes, ring.CHUNK_BYTES) * (n - 2)
+    return _ring(world, members, (nbytes + fill) * n / (n - 1), n - 1, False)
 
 
 def allreduce_seconds(world, members: Sequence[int], nbytes: int, hierarchical: bool = False) -> float:
@@ -127,7 +138,7 @@ def seconds(world, op: int, members: Sequence[int], nbytes: int, hierarchical: b
         return _ring(world, members, nbytes, n - 1, False)
     if op == OpType.BROADCAST:
         if nbytes > ring.EXCHANGE_MAX_BYTES:        # the chain: n - 1 hops, the bytes pipelined behind them
-            return _ring(world, members, nbytes * n, n - 1, False)
+            return _chain(world, members, nbytes)
         if latency.prefer_recursive_doubling(n, nbytes):
             return math.ceil(math.log2(n)) * _hop(world, members[0], members[-1], nbytes)
         return _hop(world, members[0], members[-1], nbytes) + (n - 2) * world.cpu.frame
