@@ -2,7 +2,7 @@
 
 * a host whose link is cut mid-job: every survivor raises within 12 s and ``horovodrun`` exits within 15 s, with the
   default timeouts (liveness 10 s, collective 30 s), and nothing is left running on any host;
-* a rank that sleeps 40 s in user code between collectives, or holds the GIL in one call for longer than the
+* a rank that sleeps 15 s in user code between collectives (past the 10 s liveness and a 5 s collective timeout), or holds the GIL in one call for longer than the
   collective timeout, is not declared lost;
 * ``horovodrun`` killed with SIGKILL: no worker is alive 10 s later on any host.
 """

@@ -7,7 +7,8 @@ thread over one ``select``. Requests on standard input signal one worker's proce
 launcher gone, or stopping the job) stops them all: SIGTERM, then SIGKILL after the grace period. So no worker
 outlives its launcher's connection, and a host costs the launcher one ssh client whatever its number of slots.
 
-Standard library, :mod:`.procgroup`, :mod:`.mux` and :mod:`horovod.common.config` only, like :mod:`.ssh_boot`.
+Standard library, :mod:`.procgroup`, :mod:`.mux`, :mod:`.worker_threads` and :mod:`horovod.common.config` only, like
+:mod:`.ssh_boot`.
 """
 
 from __future__ import annotations

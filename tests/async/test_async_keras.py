@@ -1,4 +1,5 @@
-"""The asynchronous Keras 3 optimizers on 2 and 3 spawned ranks (one job per size runs every check).
+"""The asynchronous Keras 3 optimizers on 3 spawned ranks (one job runs every check; the schedules themselves run at
+2 and 3 ranks in test_async_torch.py).
 
 Eager steps (``apply_gradients``): LocalSGD and the outer optimizer leave every rank with the same bits after each
 averaging and differ between; ``DistributedOptimizer(staleness=1)`` equals a single-process reference applying the

@@ -1,13 +1,14 @@
-"""Graph-mode collectives cannot deadlock, whatever TensorFlow's inter-op pool size and whatever order each rank runs
-them in (``docs/tensorflow.md``, "Graph ops never wait on an inter-op thread").
+"""Graph-mode collectives cannot deadlock, with one or two inter-op threads and whatever order each rank runs them in
+(``docs/tensorflow.md``, "Graph ops never wait on an inter-op thread").
 
-Two ranks build many independent collectives (and chains of dependent ones) in *opposite* orders, rank 0 with
-``TF_NUM_INTEROP_THREADS=1`` and rank 1 with 2 (one rank whose single inter-op thread waited would hang both): once as a TF1 graph run by a ``tf.compat.v1.Session`` (no automatic control
-dependencies: TensorFlow runs ready ops in any order) and once as a ``tf.function`` (automatic control dependencies
-chain the submissions in each rank's program order, which differs between the ranks). With collectives that held an
-inter-op thread while waiting, both hang at once. Every result is compared with numpy. The spawn's timeout is the
-hard limit: a hang fails the test with the ranks' stacks. The TF1 graph's function library stays one function per
-output signature, however many collectives it holds.
+Two ranks build many independent collectives (and chains of dependent ones) in *opposite* orders, rank 0 with one
+inter-op thread and rank 1 with two (``tf.config.threading``; one rank whose only thread waited hangs both): once as
+a TF1 graph run by a ``tf.compat.v1.Session`` (no automatic control dependencies: TensorFlow runs ready ops in any
+order) and once as a ``tf.function`` (automatic control dependencies chain the submissions in each rank's program
+order, which differs between the ranks). With collectives that held an inter-op thread while waiting, both hang at
+once. Every result is compared with numpy. The spawn's timeout is the hard limit: a hang fails the test with the
+ranks' stacks. The TF1 graph's function library stays one function per output signature, however many collectives
+it holds.
 """
 
 import numpy as np
@@ -67,12 +68,13 @@ def _build(tf, hvd, i, n):
 def _programs():
     import os
     interop = 1 + int(os.environ["HOROVOD_RANK"])
-    os.environ["TF_NUM_INTEROP_THREADS"] = str(interop)    # read when TensorFlow makes its thread pools
     import tensorflow as tf
+    # Before anything makes the eager context; TF1 sessions without a config of their own take the context's.
+    tf.config.threading.set_inter_op_parallelism_threads(interop)
     import horovod.tensorflow as hvd
     hvd.init()
     n, me = hvd.size(), hvd.rank()
-    assert me + 1 == interop and tf.config.threading.get_inter_op_parallelism_threads() in (0, interop)
+    assert me + 1 == interop and tf.config.threading.get_inter_op_parallelism_threads() == interop
     order = list(range(COUNT)) if me == 0 else list(reversed(range(COUNT)))   # each rank its own order
     want = [_expected(i, n, me) for i in range(COUNT)]
     checked = 0
