@@ -31,6 +31,10 @@ def test_the_engines_choice_of_algorithm_and_its_time_on_the_link_model():
     small = dataphase.seconds(world, OpType.ALLREDUCE, members, 8)
     assert 3 * link.remote_latency + 3 * link.local_latency < small < 6 * (link.remote_latency + 3 * cpu.frame)
     assert dataphase.seconds(world, OpType.ALLREDUCE, [5], 1 << 20) == 0.0
+    # A large broadcast is a chain: its bytes cross the slowest link once, pipelined (a little more than B / bw, well
+    # under the ring allreduce's 2(n-1)/n B / bw), not once per hop.
+    bcast = dataphase.seconds(world, OpType.BROADCAST, members, nbytes)
+    assert nbytes / link.remote_bandwidth < bcast < expected
 
 
 @pytest.mark.unit

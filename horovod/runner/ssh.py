@@ -3,8 +3,8 @@
 A remote host's workers run under one ``ssh [options] HOST exec env PYTHONPATH=... PYTHON -m horovod.runner.ssh_boot
 --host-mode``; their environments (the job secret included), working directory and commands go through ssh's
 standard input, which stays open for the job: when the launcher stops the job, or dies, the channel closes and the
-remote side stops the workers' process groups (see :mod:`horovod.runner.ssh_host`). ssh runs with ``BatchMode=yes``: it never prompts, and
-a host it cannot log into fails the check with ssh's own message.
+remote side stops the workers' process groups (see :mod:`horovod.runner.ssh_host`). ssh runs with ``BatchMode=yes``:
+it never prompts, and a host it cannot log into fails the check with ssh's own message.
 
 Host keys: Horovod turns host-key checking off. Here a host met for the first time is trusted and its key recorded
 (``StrictHostKeyChecking=accept-new``) in a known-hosts file the next jobs reuse (``HOROVOD_SSH_KNOWN_HOSTS``,

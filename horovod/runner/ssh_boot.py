@@ -9,9 +9,8 @@ So a worker never outlives its launcher's connection. The exit status is the wor
 Check mode (``--check ADDR:PORT ...``) prints one JSON line: this host's name, Python and whether each address
 accepts a TCP connection, which is how the launcher learns which of its addresses this host can reach.
 
-It imports only the standard library, :mod:`horovod.runner.procgroup`, :mod:`horovod.runner.worker_threads` and
-:mod:`horovod.common.config` (through which it reads this host's environment): it runs before the job's environment
-is set.
+It imports only the standard library, :mod:`horovod.runner.procgroup` and :mod:`horovod.common.config` (through which
+it reads this host's environment): it runs before the job's environment is set.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from horovod.common.config import environ_snapshot
 from horovod.runner.procgroup import forward_signals, signal_group, start_session
-from horovod.runner.worker_threads import thread_defaults
 
 __all__ = ["PayloadError", "parse_payload", "make_payload", "probe", "supervise", "main", "MAX_PAYLOAD_BYTES",
            "PAYLOAD_VERSION"]
@@ -149,7 +147,6 @@ def _run_worker(stdin) -> int:
               f"({exc.strerror}); it is carried over from the launcher", file=sys.stderr, flush=True)
         return 126
     env = {**environ_snapshot(), **payload["env"]}
-    env.update(thread_defaults(env))        # this host's cores, shared by its workers (worker_threads)
     try:
         child = start_session(payload["command"], env, pipes=False)
     except OSError as exc:

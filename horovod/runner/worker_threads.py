@@ -7,7 +7,7 @@ every worker before its first collective (256 workers: half a minute of a 2-core
 which sets 1, the launchers give each worker of a host that runs several its share of the host's cores (at least
 one), where the host the worker starts on computes it; a user's own ``OMP_NUM_THREADS`` always wins, and a host
 with one worker is left to the libraries' defaults. Applied where workers start: this machine's workers and each
-ssh host's (``ssh_host``, ``ssh_boot``); ``mpirun``, Spark and Ray start theirs with their own environments.
+ssh host's (``ssh_host``); ``mpirun``, Spark and Ray start theirs with their own environments.
 """
 
 from __future__ import annotations

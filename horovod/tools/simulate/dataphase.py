@@ -38,13 +38,18 @@ def algorithm(world, members: Sequence[int], nbytes: int, hierarchical: bool) ->
     return algorithms.choose(Group(tuple(members), 0, None, None, hierarchy), nbytes)
 
 
+def _link(world, a: int, b: int):
+    """(latency, bandwidth) between ranks ``a`` and ``b``: within a host or across hosts."""
+    link = world.link
+    if world.host_of(a) == world.host_of(b):
+        return link.local_latency, link.local_bandwidth
+    return link.remote_latency, link.remote_bandwidth
+
+
 def _hop(world, a: int, b: int, nbytes: float) -> float:
     """One message of ``nbytes`` from rank ``a`` to rank ``b``: the link and both ends' handling."""
-    link, cpu = world.link, world.cpu
-    local = world.host_of(a) == world.host_of(b)
-    lat, bandwidth = (link.local_latency, link.local_bandwidth) if local else (link.remote_latency,
-                                                                               link.remote_bandwidth)
-    return lat + 2 * cpu.frame + nbytes / bandwidth
+    lat, bandwidth = _link(world, a, b)
+    return lat + 2 * world.cpu.frame + nbytes / bandwidth
 
 
 def _ring(world, members: Sequence[int], nbytes: float, steps: int, folds: bool) -> float:
@@ -76,9 +81,7 @@ def _doubling(world, members: Sequence[int], nbytes: float) -> float:
 def _exchange(world, members: Sequence[int], nbytes: float) -> float:
     n = len(members)
     slowest = max(_hop(world, members[0], r, 0.0) for r in (members[1], members[-1]))
-    link = world.link
-    bandwidth = link.remote_bandwidth if world.host_of(members[0]) != world.host_of(members[-1]) else \
-        link.local_bandwidth
+    bandwidth = _link(world, members[0], members[-1])[1]
     return slowest + (n - 1) * (2 * world.cpu.frame + nbytes / bandwidth + nbytes * world.cpu.copy)
 
 

@@ -6,8 +6,8 @@ survivors take to fail after a rank dies, start-up and an elastic reset.
 Per world size it runs the training loop of :class:`~horovod.tools.simulate.job.Workload` twice: once whole, for
 frames and bytes per rank and cycle (the first step, whose names are new, and the cached steps after it) and the
 step's latency from its last submission to its last result (every data phase included: the collectives whose data
-did not ride the negotiation, :mod:`~horovod.tools.simulate.dataphase`); once with a rank killed in the middle of a step, for the
-time until the last survivor has failed naming it. Then once from the launch to the first result
+did not ride the negotiation, :mod:`~horovod.tools.simulate.dataphase`); once with a rank killed in the middle of a
+step, for the time until the last survivor has failed naming it. Then once from the launch to the first result
 (:mod:`~horovod.tools.simulate.startup`), and an elastic reset around the lost rank's detection
 (:mod:`~horovod.tools.simulate.elastic`).
 """
