@@ -7,7 +7,8 @@
 ``warmup``, ``per_iter``, ``iters``, ``threads``, ``fp16`` (horovod only: fp16 gradient compression) and ``tiny``
 (small models and batches, for a smoke run). Both sides build the same model from the same seed, train it with SGD
 on one fixed random batch, time ``iters`` × ``per_iter`` steps after ``warmup`` and sum every rank's mean samples/sec
-with their own allreduce; rank 0 prints ``RESULT <samples/sec>``. The models:
+with their own allreduce; rank 0 prints ``RESULT <samples/sec>`` and ``CPU_MS_PER_STEP <a rank's process CPU per
+step, mean over ranks>``. The models:
 
 - ``resnet8`` (and ``resnet18``, ``mlp``): the CNNs of examples/pytorch_synthetic_benchmark.py, 32 × 32 images;
 - ``transformer``: token ids through an embedding, 8 small ``nn.TransformerEncoder`` layers (12 tensors each) and a
@@ -88,7 +89,8 @@ def build(spec):
 
 
 def time_steps(spec, model, optimizer, data, target):
-    """This rank's samples/sec in each timed iteration."""
+    """This rank's samples/sec in each timed iteration, and its process's CPU milliseconds per timed step (every
+    thread: the training loop's and the library's own)."""
     def step():
         optimizer.zero_grad()
         F.cross_entropy(model(data), target).backward()
@@ -96,13 +98,13 @@ def time_steps(spec, model, optimizer, data, target):
 
     for _ in range(spec["warmup"]):
         step()
-    rates = []
+    rates, cpu_began = [], time.process_time()
     for _ in range(spec["iters"]):
         began = time.perf_counter()
         for _ in range(spec["per_iter"]):
             step()
         rates.append(data.shape[0] * spec["per_iter"] / (time.perf_counter() - began))
-    return rates
+    return rates, 1e3 * (time.process_time() - cpu_began) / (spec["iters"] * spec["per_iter"])
 
 
 def run_horovod(spec):
@@ -115,10 +117,11 @@ def run_horovod(spec):
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    rate = float(np.mean(time_steps(spec, model, optimizer, data, target)))
-    total = float(hvd.allreduce(torch.tensor([rate], dtype=torch.float64), op=hvd.Sum, name="rate")[0])
+    rates, cpu_ms = time_steps(spec, model, optimizer, data, target)
+    total, cpu = hvd.allreduce(torch.tensor([float(np.mean(rates)), cpu_ms], dtype=torch.float64), op=hvd.Sum,
+                               name="rate").tolist()
     if hvd.rank() == 0:
-        print(f"RESULT {total:.3f}", flush=True)
+        print(f"RESULT {total:.3f}\nCPU_MS_PER_STEP {cpu / hvd.size():.3f}", flush=True)
     hvd.shutdown()
 
 
@@ -129,10 +132,12 @@ def run_ddp(spec):
     model, data, target = build(spec)
     model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * dist.get_world_size())
-    total = torch.tensor([float(np.mean(time_steps(spec, model, optimizer, data, target)))], dtype=torch.float64)
-    dist.all_reduce(total)
+    rates, cpu_ms = time_steps(spec, model, optimizer, data, target)
+    totals = torch.tensor([float(np.mean(rates)), cpu_ms], dtype=torch.float64)
+    dist.all_reduce(totals)
     if dist.get_rank() == 0:
-        print(f"RESULT {float(total[0]):.3f}", flush=True)
+        total, cpu = totals.tolist()
+        print(f"RESULT {total:.3f}\nCPU_MS_PER_STEP {cpu / dist.get_world_size():.3f}", flush=True)
     dist.destroy_process_group()
 
 
