@@ -16,9 +16,10 @@ rounds' samples/sec; the ratio is the median of the rounds' ratios (ours over DD
 Both use one torch thread per rank unless ``--threads`` says otherwise. Samples are images (CNN), sequences
 (transformer) or bags (embedding model); bench/e2e_worker.py describes the models. Prints a line per job, then a
 table with each side's CPU per step and rank beside its throughput (these jobs are CPU-bound: where one side is
-slower, its ranks' CPU per step says whether it did more work); ``--json FILE`` writes every round. Every job has a hard timeout (``--timeout``), and whatever it started is
-ended by process-group id when it ends or fails; the namespace hosts, with every process inside them, are removed
-on the way out (:class:`horovod.testing.netns.NetnsCluster`).
+slower, its ranks' CPU per step says whether it did more work; the ranks' own, not ``horovodrun``'s); ``--json FILE``
+writes every round. Every job has a hard timeout (``--timeout``), and whatever it started is ended by process-group id
+when it ends or fails; the namespace hosts, with every process inside them, are removed on the way out
+(:class:`horovod.testing.netns.NetnsCluster`).
 """
 
 from __future__ import annotations
@@ -113,14 +114,17 @@ def run_job(commands, timeout):
         log.seek(0)
         text = log.read()
     match = re.search(r"RESULT ([\d.]+)", text)
-    codes = sorted({p.returncode for p in procs})
-    # Gloo's ranks sometimes abort in their teardown, after the timing loop and the figure
-    # ("terminate called without an active exception", SIGABRT): that figure stands, and the line says so.
-    teardown_abort = match is not None and set(codes) <= {0, -signal.SIGABRT} and TEARDOWN_ABORT in text
-    if why is None and ((any(codes) and not teardown_abort) or not match):
-        why = f"exit codes {codes}"
-    if why is None and teardown_abort:
-        print(f"  (a rank aborted in Gloo's teardown after the figure was in; exit codes {codes})", flush=True)
+    if why is None:     # (every process has ended: each has an exit code)
+        codes = sorted({p.returncode for p in procs})
+        # Gloo's ranks sometimes abort in their teardown, after the timing loop and the figure ("terminate called
+        # without an active exception", SIGABRT): that figure stands, and the line says so. (Survivors that hang
+        # more than 5 s after such an abort still fail the job above.)
+        teardown_abort = match is not None and -signal.SIGABRT in codes and set(codes) <= {0, -signal.SIGABRT} \
+            and TEARDOWN_ABORT in text
+        if (any(codes) and not teardown_abort) or not match:
+            why = f"exit codes {codes}"
+        elif teardown_abort:
+            print(f"  (a rank aborted in Gloo's teardown after the figure was in; exit codes {codes})", flush=True)
     if why is not None:
         return None, None, f"{why}:\n{text[-2500:]}"
     cpu = re.search(r"CPU_MS_PER_STEP ([\d.]+)", text)
@@ -161,8 +165,9 @@ def measure(args, layout, cluster, records) -> None:
             for side in (SIDES if round_ % 2 == 0 else SIDES[::-1]):
                 rate, cpus[side], why = run_job(commands(side, spec, ranks, cluster, per_host), args.timeout)
                 rates[side] = rate
-                shown = (f"{rate:10.1f} samples/sec, {cpus[side]:.1f} CPU ms a step and rank" if rate is not None
-                         else f"FAILED ({why})")
+                cpu = "-" if cpus[side] is None else f"{cpus[side]:.1f}"
+                shown = f"{rate:10.1f} samples/sec, {cpu} CPU ms a step and rank" if rate is not None else \
+                    f"FAILED ({why})"
                 print(f"[{label}, {ranks} ranks, {model}] round {round_ + 1}/{args.rounds}: {side:<10} {shown}",
                       flush=True)
             records.append({"layout": label, "ranks": ranks, "model": model, "round": round_, "rates": rates,

@@ -91,7 +91,7 @@ def _finish(proc, timeout):
             proc.communicate()
 
 
-@pytest.mark.timed    # the job waits out its liveness timeout after the cut: the cores idle
+@pytest.mark.serial
 def test_cut_link_every_survivor_raises_within_12_s_and_horovodrun_exits_within_15_s(cluster, tmp_path):
     a, b = cluster.hosts
     (tmp_path / "loop.py").write_text(LOOP)

@@ -215,7 +215,7 @@ def test_a_host_whose_workers_never_register_is_named_within_the_start_timeout(c
         _wait_for(lambda: not cluster.worker_pids(host), 10, f"the processes on {host.address} to end")
 
 
-@pytest.mark.timed    # the job waits out its liveness timeout after the cut: the cores idle
+@pytest.mark.serial
 def test_link_down_mid_job_fails_every_survivor_within_timeout(cluster, tmp_path):
     a, b = cluster.hosts[0], cluster.hosts[1]
     (tmp_path / "loop.py").write_text(LOOP)

@@ -39,13 +39,14 @@ def _training_steps():
             step()
         engine = basics.engine()
         frames, cycles = getattr(engine.negotiation, "frames", 0), engine.cycles
-        for index in range(STEPS):
+        for _ in range(STEPS):
             out = step()
-            if index == 0:
-                # Counted mid-job: once the last step is done a faster rank may shut down, and a shutdown ends every
-                # rank's engine and I/O threads (Horovod's coordinated shutdown) before this one counts them.
-                threads, peers = threading.active_count(), engine.transport.connected_peers()
         frames, cycles = getattr(engine.negotiation, "frames", 0) - frames, engine.cycles - cycles
+        threads, peers = threading.active_count(), engine.transport.connected_peers()
+        # One more step before the shutdown: a rank that shut down right after the counted steps would run a shutdown
+        # cycle on every rank's engine and end its threads (Horovod's coordinated shutdown) while a slower rank still
+        # counted them. No rank ends this step before every rank has counted.
+        step()
         expected = (hvd.size() - 1) / 2
         correct = all(np.allclose(o, expected) for o in out)
         return {"mode": engine.negotiation.name, "frames": frames, "cycles": cycles, "correct": correct,
