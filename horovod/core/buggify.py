@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 __all__ = ["ON", "POINTS", "STALL_SECONDS", "LATE_SECONDS", "enabled", "fires", "fired", "chances", "uniform", "stall",
-           "late", "held", "send_each"]
+           "pause", "late", "held", "send_each"]
 
 ON = False      # the one check a real job pays; only enabled() sets it
 
@@ -82,6 +82,12 @@ def uniform(upto: float) -> float:
 def stall(upto: float = STALL_SECONDS) -> None:
     """Stall the running rank for up to ``upto`` seconds (drawn): the simulation charges its virtual CPU."""
     _stall(uniform(upto))
+
+
+def pause(seconds: float) -> None:
+    """Stall the running rank for ``seconds``, drawn earlier by a protocol (its :class:`~horovod.core.negotiation.
+    events.Stall` action)."""
+    _stall(seconds)
 
 
 def late(timeout: Optional[float], name: str) -> Optional[float]:

@@ -17,12 +17,14 @@ from horovod.common.types import OpType
 from horovod.core import buggify
 from horovod.core.decision import Contributors, Decision, Message
 from horovod.core.negotiation import inline
-from horovod.core.negotiation.base import POLL_SECONDS, Loop, Negotiation
-from horovod.core.negotiation.frames import Msg, Peer, receive
+from horovod.core.negotiation.base import POLL_SECONDS, Loop
+from horovod.core.negotiation.events import BEGIN, HEARD, Execute, Silent, send_to_each
+from horovod.core.negotiation.frames import Msg, Peer
+from horovod.core.negotiation.pump import Pumped
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState
 
-__all__ = ["PeerNegotiation"]
+__all__ = ["PeerProtocol", "PeerNegotiation"]
 
 _EMPTY_MESSAGE = Message(False, (), ())
 log = logging.getLogger("horovod")
@@ -35,8 +37,9 @@ def _is_urgent(frame: Peer, member_sets) -> bool:
                for set_id, msg in frame.messages.items())
 
 
-class PeerNegotiation(Negotiation):
-    """Every rank sends its messages to every other rank, and every member of a set decides alike.
+class PeerProtocol:
+    """Every rank sends its messages to every other rank, and every member of a set decides alike (a state machine:
+    :mod:`horovod.core.negotiation.events`).
 
     A frame is due when this rank has requests (at once while a caller waits or polls, else after the batch
     spacing, so that a burst of gradients travels together), when a peer's frame waits and this rank has tensors
@@ -47,10 +50,15 @@ class PeerNegotiation(Negotiation):
 
     name = "peer"
     every_member_coordinates = True
+    expects = (Peer,)
 
-    def __init__(self, loop: Loop):
-        super().__init__(loop)
-        self._peers: Dict[int, int] = {}                # connection fd -> rank
+    def __init__(self, view: Loop, patience: float):
+        self.view = view
+        self.patience = patience                        # seconds of a peer's silence before the transport hears
+        self._others = tuple(p for p in range(view.size) if p != view.rank)
+        self.presented = False                          # this rank's frame for the coming cycle is out
+        self.listening: Tuple[int, ...] = self._others  # the peers whose next frame may be read, in order
+        self.deadline: Optional[float] = None           # when to look again if nothing else happens
         self._inbox: Dict[int, Peer] = {}               # each peer's frame for the coming cycle
         self._inbox_since: Optional[float] = None
         self._frames: Dict[int, Peer] = {}              # ... and for the cycle that runs
@@ -60,100 +68,102 @@ class PeerNegotiation(Negotiation):
         self._last_start = float("-inf")
         self._warned = False                            # the silence of this cycle's peers was reported
         self._told_at = 0.0                             # when it was last reported
+        self._out: List = []
         self.held = inline.HeldData()
 
-    def start(self) -> None:
-        """Listen to every other rank."""
-        loop = self.loop
-        self._peers = {loop.transport.fileno(p): p for p in range(loop.size) if p != loop.rank}
+    def peers(self) -> Tuple[int, ...]:
+        """Every peer this rank may listen to: every other rank."""
+        return self._others
 
     def wake_on_wait(self) -> bool:
         """A waiting thread makes this rank's frame due at once (rank 0 always wakes, as it did under the star)."""
-        return self.loop.rank == 0 or not self.presented
+        return self.view.rank == 0 or not self.presented
 
     def forget(self, set_id: int) -> None:
         """Drop the data held for a removed set."""
         self.held.forget(set_id)
 
-    def await_cycle(self) -> None:
-        """Send this rank's frame when due, then return once every peer's frame for the cycle has arrived.
+    def frame(self, peer: int, frame: Peer, now: float) -> List:
+        """A peer's frame for the coming cycle (the driver calls :meth:`woken` once it delivered what arrived)."""
+        self._inbox[peer] = frame
+        if self._inbox_since is None:
+            self._inbox_since = now
+        self.listening = tuple(p for p in self._others if p not in self._inbox)
+        out = self._out
+        out.clear()
+        return out
 
-        Raises:
-            HorovodInternalError: a peer was lost, or sent something else.
-        """
-        loop = self.loop
-        while True:
-            timeout = None
-            if not self.presented:
-                now = self.loop.clock()
-                timeout = self._frame_due(now)
-                if buggify.ON and timeout is not None and timeout > 0 and buggify.fires("peer.frame_early"):
-                    timeout = 0.0       # due later, sent now: as a caller's wait would make it
-                if timeout is not None and timeout <= 0:
-                    self._send_frame(now)
-                    timeout = None
-            if self.presented and len(self._inbox) == loop.size - 1:
-                if self._warned:
-                    loop.transport.resumed()
-                break
-            waiting = [fd for fd, peer in self._peers.items() if peer not in self._inbox]
-            if self.presented and loop.transport.timeout > 0:
-                timeout = self._liveness_bound(waiting, timeout)
-            if buggify.ON:
-                timeout = buggify.late(timeout, "peer.timer_late")
-            self._read(loop.select([loop.wake.reader] + waiting, timeout))
-        self.presented = self._warned = False
-        self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
-        self._last_start = self.loop.clock()
+    def began(self, now: float) -> None:
+        """The cycle began (this rank's frame sent): the poll interval counts from here."""
+        self._last_start = now
 
-    def _liveness_bound(self, waiting: List[int], timeout: Optional[float]) -> Optional[float]:
+    def woken(self, now: float) -> List:
+        """Send this rank's frame when due; begin the cycle once every peer's frame for it is in."""
+        out = self._out
+        out.clear()
+        timeout = None
+        if not self.presented:
+            timeout = self._frame_due(now)
+            if buggify.ON and timeout is not None and timeout > 0 and buggify.fires("peer.frame_early"):
+                timeout = 0.0       # due later, sent now: as a caller's wait would make it
+            if timeout is not None and timeout <= 0:
+                self._send_frame(now, out)
+                timeout = None
+        if self.presented and len(self._inbox) == len(self._others):
+            if self._warned:
+                out.append(HEARD)
+            self.presented = self._warned = False
+            self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
+            self.listening, self.deadline = self._others, None
+            out.append(BEGIN)
+            return out
+        if self.presented and self.patience > 0:
+            timeout = self._liveness_bound(now, timeout, out)
+        if buggify.ON:
+            timeout = buggify.late(timeout, "peer.timer_late")
+        self.deadline = None if timeout is None else now + timeout
+        return out
+
+    def turn(self, state: SetState, shutdown: bool, now: float) -> List:
+        """The cycle reached ``state``: decide at once, from the frames in."""
+        out = self._out
+        out.clear()
+        out.append(Execute(self.negotiate(state, shutdown)))
+        return out
+
+    def _liveness_bound(self, now: float, timeout: Optional[float], out: List) -> Optional[float]:
         """A live peer answers a frame within a poll interval, idle or not; one that has not for half the
         transport's timeout is busy (a long call holding the GIL) or stuck, but alive: a lost host or process is the
         connection's to report (its liveness probes, or the closed socket). The transport is told every half
         timeout (:mod:`horovod.transport.patience`: one warning for the job, and a bound)."""
-        transport = self.loop.transport
-        tick = transport.timeout / 2
-        now = self.loop.clock()
+        tick = self.patience / 2
         silent_for = now - self._own_clock
         left = self._told_at + tick - now if self._warned else tick - silent_for
         if left > 0:
             return left if timeout is None else min(timeout, left)
         self._warned = True
         self._told_at = now
-        transport.waiting(self._peers[waiting[0]], silent_for)
+        out.append(Silent(self.listening[0], silent_for))
         return tick if timeout is None else min(timeout, tick)
-
-    def _read(self, readable: list) -> None:
-        loop = self.loop
-        for fd in readable:
-            if fd is loop.wake.reader:
-                loop.wake.drain()
-                continue
-            peer = self._peers[fd]
-            if peer in self._inbox:
-                continue    # read by a caller that ran the loop meanwhile (the list was made before)
-            self._inbox[peer] = receive(loop.transport, peer, Peer)
-            if self._inbox_since is None:
-                self._inbox_since = self.loop.clock()
 
     def _frame_due(self, now: float) -> Optional[float]:
         """In how long this rank's frame for the next cycle is due (<= 0: now; None: not yet)."""
-        loop = self.loop
-        sets = loop.sets
-        shutdown = loop.shutting_down()
+        view = self.view
+        sets = view.sets
+        shutdown = view.shutting_down()
         if shutdown or any(state.queue for state in sets.values() if state.index >= 0):
             if self._queued_since is None:
                 self._queued_since = now
             # Only for a caller waiting or polling now, not for a latency-bound past (waited stays set after a
             # driven cycle): a step that submits 200 gradients and then waits would send the first one from
             # whichever thread looks first, and take two cycles.
-            waiters = loop.waiters
+            waiters = view.waiters
             if waiters.blocked > 0 or waiters.polled or self._inbox or shutdown:
                 if buggify.ON and not shutdown and buggify.held(
-                        self, "peer.frame_held", self._queued_since + loop.batch_spacing(), now):
-                    return self._queued_since + loop.batch_spacing() - now     # the last moment the spacing allows
+                        self, "peer.frame_held", self._queued_since + view.batch_spacing(), now):
+                    return self._queued_since + view.batch_spacing() - now     # the last moment the spacing allows
                 return 0.0
-            return self._queued_since + loop.batch_spacing() - now
+            return self._queued_since + view.batch_spacing() - now
         pending = any(state.entries for state in sets.values() if state.index >= 0)
         if self._inbox:
             member_sets = {set_id for set_id, state in sets.items() if state.index >= 0}
@@ -164,32 +174,27 @@ class PeerNegotiation(Negotiation):
             return self._last_start + POLL_SECONDS - now
         return None
 
-    def _send_frame(self, now: float) -> None:
+    def _send_frame(self, now: float, out: List) -> None:
         """Send this rank's messages for the next cycle to every peer, with the data of small allreduces."""
-        loop = self.loop
+        view = self.view
         own: Dict[int, Message] = {}
         msgs: Dict[int, Msg] = {}
         budget = inline.INLINE_FRAME_BYTES
-        for set_id, state in loop.sets.items():
+        for set_id, state in view.sets.items():
             if state.index < 0:
                 continue
             requests = state.drain()
             data: Dict[str, bytes] = {}
-            if len(state.ranks) == loop.size:       # (only where every peer is a member: the frame goes to all)
+            if len(state.ranks) == view.size:       # (only where every peer is a member: the frame goes to all)
                 data, budget = inline.collect(requests, state.entries, budget)
             hits, full = split_hits(state.cache, state.last_requests, requests)
-            shutdown = loop.shutting_down() if set_id == 0 else False
+            shutdown = view.shutting_down() if set_id == 0 else False
             if shutdown or hits or full:
                 msgs[set_id] = msg = Msg(shutdown, tuple(hits), tuple(full), data)
                 own[set_id] = msg.message
             if data:
                 self.held.hold(set_id, Contributors(state.index), data)
-        frame = Peer(now, msgs).encode()
-        if buggify.ON:
-            buggify.send_each(loop.transport, self._peers.values(), frame, "peer.broadcast_slow")
-        else:
-            for peer in self._peers.values():
-                loop.transport.send_obj(peer, frame)
+        send_to_each(self._others, Peer(now, msgs).encode(), "peer.broadcast_slow", out)
         self._own, self._own_clock = own, now
         self.presented = True
         self._queued_since = None
@@ -199,7 +204,7 @@ class PeerNegotiation(Negotiation):
         messages = []
         clock = 0.0
         for position, rank in enumerate(state.ranks):
-            if rank == self.loop.rank:
+            if rank == self.view.rank:
                 message, sent_at = self._own.get(state.id, _EMPTY_MESSAGE), self._own_clock
             else:
                 message, sent_at = self._message(state, position, rank)
@@ -221,3 +226,10 @@ class PeerNegotiation(Negotiation):
         if msg.data:
             self.held.hold(state.id, Contributors(position), msg.data)
         return msg.message, frame.clock
+
+
+class PeerNegotiation(Pumped):
+    """The peer protocol over a loop (the engine's, or a simulated rank's)."""
+
+    def __init__(self, loop: Loop):
+        super().__init__(loop, PeerProtocol(loop, loop.transport.timeout if loop.transport is not None else 0.0))
