@@ -6,7 +6,8 @@ hands it what happened, with the time (``now``, seconds on the driver's clock), 
 - ``woken(now)``: after every wait, whatever ended it (a wake-up of the engine, frames delivered, the deadline): the
   protocol looks at everything again, as today's loops do on each wake-up;
 - ``frame(peer, frame, now)``: one control frame from a peer it listens to, already decoded by
-  :func:`horovod.core.negotiation.frames.receive` with the kinds the protocol ``expects``;
+  :func:`horovod.core.negotiation.frames.receive` with the kinds the protocol ``expects`` (a frame that starts the
+  cycle, such as the star's GO, returns :data:`BEGIN` itself);
 - ``began(now)``: the driver performed the actions that ended in :data:`BEGIN` (the cycle's start, for the protocol's
   own pacing);
 - ``turn(state, shutdown, now)``: the running cycle reached a process set; the protocol answers with
@@ -29,7 +30,8 @@ from typing import NamedTuple, Tuple
 from horovod.core import buggify
 from horovod.core.decision import Decision
 
-__all__ = ["Send", "Stall", "Silent", "Heard", "Begin", "Execute", "HEARD", "BEGIN", "send_to_each"]
+__all__ = ["Send", "Stall", "Silent", "Heard", "Drain", "Begin", "Execute", "HEARD", "DRAIN", "BEGIN",
+           "send_to_each"]
 
 
 class Send(NamedTuple):
@@ -57,6 +59,10 @@ class Heard(NamedTuple):
     """Every peer reported silent has been heard from again."""
 
 
+class Drain(NamedTuple):
+    """Forget the engine's pending wake-ups: the cycle that begins looks at everything anyway."""
+
+
 class Begin(NamedTuple):
     """The next cycle starts on this rank: the engine runs it (each process set's ``turn``)."""
 
@@ -68,6 +74,7 @@ class Execute(NamedTuple):
 
 
 HEARD = Heard()
+DRAIN = Drain()
 BEGIN = Begin()
 
 

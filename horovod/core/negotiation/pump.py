@@ -20,11 +20,11 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.core import buggify
 from horovod.core.decision import Decision
 from horovod.core.negotiation.base import Loop, Negotiation
-from horovod.core.negotiation.events import Begin, Execute, Heard, Send, Silent, Stall
+from horovod.core.negotiation.events import Begin, Drain, Execute, Heard, Send, Silent, Stall
 from horovod.core.negotiation.frames import receive
 from horovod.core.set_state import SetState
 
-__all__ = ["Pumped"]
+__all__ = ["Pumped", "drive_turn", "perform"]
 
 
 class Pumped(Negotiation):
@@ -67,7 +67,7 @@ class Pumped(Negotiation):
         wake = loop.wake
         while True:
             asked_at = loop.clock()
-            if self._perform(protocol.woken(asked_at)):
+            if perform(loop, protocol.woken(asked_at), self.name):
                 protocol.began(loop.clock())
                 return
             deadline = protocol.deadline
@@ -83,42 +83,52 @@ class Pumped(Negotiation):
                 peer = self._peer[fd]
                 if peer in protocol.listening:      # (a caller may have run the loop meanwhile: look again)
                     frame = receive(loop.transport, peer, *protocol.expects)
-                    self._perform(protocol.frame(peer, frame, loop.clock()))
+                    if perform(loop, protocol.frame(peer, frame, loop.clock()), self.name):
+                        protocol.began(loop.clock())
+                        return
 
     def negotiate(self, state: SetState, shutdown: bool) -> Decision:
         """The protocol's decision for ``state``, reading the peers it listens to (in order, blocking) until then."""
-        loop, protocol = self.loop, self.protocol
-        actions = protocol.turn(state, shutdown, loop.clock())
-        while True:
-            decision = self._perform(actions)
-            if decision is not None:
-                return decision
-            if not protocol.listening:
-                raise HorovodInternalError(f"rank {loop.rank}: the {self.name} negotiation of process set "
-                                           f"{state.id} neither decided nor waits for a peer")
-            peer = protocol.listening[0]
-            actions = protocol.frame(peer, receive(loop.transport, peer, *protocol.expects), loop.clock())
+        return drive_turn(self.loop, self.protocol, self.protocol.turn(state, shutdown, self.loop.clock()),
+                          state.id, self.name)
 
-    def _perform(self, actions: List) -> Optional[object]:
-        """Do ``actions`` in order; the decision of an :class:`Execute`, True for a :class:`Begin`, else None."""
-        transport = self.loop.transport
-        outcome = None
-        for action in actions:
-            kind = type(action)
-            if kind is Send:
-                wire = action.wire
-                for peer in action.peers:
-                    transport.send_obj(peer, wire)
-            elif kind is Begin:
-                outcome = True
-            elif kind is Execute:
-                outcome = action.decision
-            elif kind is Stall:
-                buggify.pause(action.seconds)
-            elif kind is Silent:
-                transport.waiting(action.peer, action.seconds)
-            elif kind is Heard:
-                transport.resumed()
-            else:
-                raise TypeError(f"the {self.name} negotiation asked for an unknown action {action!r:.80}")
-        return outcome
+
+def drive_turn(loop: Loop, part, actions: List, set_id: int, name: str) -> Decision:
+    """Perform ``actions`` (what ``part`` answered a turn with) and read the peer ``part`` listens to (in order,
+    blocking: the loop is not lent in a cycle), handing it each frame, until it decides."""
+    while True:
+        decision = perform(loop, actions, name)
+        if decision is not None:
+            return decision
+        if not part.listening:
+            raise HorovodInternalError(f"rank {loop.rank}: the {name} negotiation of process set {set_id} neither "
+                                       f"decided nor waits for a peer")
+        peer = part.listening[0]
+        actions = part.frame(peer, receive(loop.transport, peer, *part.expects), loop.clock())
+
+
+def perform(loop: Loop, actions: List, name: str) -> Optional[object]:
+    """Do ``actions`` in order; the decision of an :class:`Execute`, True for a :class:`Begin`, else None."""
+    transport = loop.transport
+    outcome = None
+    for action in actions:
+        kind = type(action)
+        if kind is Send:
+            wire = action.wire
+            for peer in action.peers:
+                transport.send_obj(peer, wire)
+        elif kind is Begin:
+            outcome = True
+        elif kind is Execute:
+            outcome = action.decision
+        elif kind is Drain:
+            loop.wake.drain()
+        elif kind is Stall:
+            buggify.pause(action.seconds)
+        elif kind is Silent:
+            transport.waiting(action.peer, action.seconds)
+        elif kind is Heard:
+            transport.resumed()
+        else:
+            raise TypeError(f"the {name} negotiation asked for an unknown action {action!r:.80}")
+    return outcome

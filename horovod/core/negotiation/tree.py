@@ -38,10 +38,11 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.core import buggify
 from horovod.core.decision import Contributors, Decision
 from horovod.core.negotiation import inline
-from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop
+from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop, Negotiation
 from horovod.core.negotiation.frames import (GO, WANT_EVERY, WANT_NEW, WANT_NOW, Go, Group, Reply, Up, Want,
                                              group_messages, receive)
-from horovod.core.negotiation.star import StarNegotiation, decode_reply, message_and_data
+from horovod.core.negotiation.pump import drive_turn
+from horovod.core.negotiation.star_round import StarRound, decode_reply, message_and_data, reply_with_data
 from horovod.core.set_state import SetState
 
 log = logging.getLogger("horovod")
@@ -92,13 +93,15 @@ def merge(groups: Groups, more: Groups) -> None:
             groups.append((list(ranks), message))
 
 
-class TreeNegotiation(StarNegotiation):
+class TreeNegotiation(Negotiation):
     """Every rank's side of the tree (see the module's docstring); rank 0 is the root."""
 
     name = "tree"
 
     def __init__(self, loop: Loop):
         super().__init__(loop)
+        self.held = inline.HeldData()    # small allreduces' data that came with the messages (rank 0, set 0)
+        self._round = StarRound(self.held)  # every other process set negotiates as under the star
         self._children = children(loop.rank, loop.size)
         self._parent = parent(loop.rank) if loop.rank > 0 else None
         self._child_fds: Dict[int, int] = {}
@@ -122,6 +125,10 @@ class TreeNegotiation(StarNegotiation):
     def wake_on_wait(self) -> bool:
         """A waiting thread may complete the subtree's wait (then its message goes up), unless it went already."""
         return not self.presented
+
+    def forget(self, set_id: int) -> None:
+        """Drop the data held for a removed set."""
+        self.held.forget(set_id)
 
     # -- starting a cycle ----------------------------------------------------------------------------------------
 
@@ -256,7 +263,8 @@ class TreeNegotiation(StarNegotiation):
     def negotiate(self, state: SetState, shutdown: bool) -> Decision:
         """The global set up and down the tree; any other set as under the star."""
         if state.id != 0:
-            return super().negotiate(state, shutdown)
+            return drive_turn(self.loop, self._round, self._round.turn(state, shutdown, self.loop.clock()),
+                              state.id, self.name)
         if self.presented:
             self.presented = False      # our subtree's message went up before the cycle
             reply, self._reply = self._reply, None
@@ -323,7 +331,7 @@ class TreeNegotiation(StarNegotiation):
         batches, stop, reports, arrivals = state.coordinator.step_groups(group_messages(groups), self.loop.clock())
         if batches and log.isEnabledFor(logging.DEBUG):
             log.debug("negotiated (tree): %s", [n for b in batches for r in b for n in r.names])
-        decided, reply = self._reply_with_data(state, stop, batches)
+        decided, reply = reply_with_data(self.held, state, stop, batches)
         wire = reply.encode()
         for child in self._children:
             self._send(child, wire)

@@ -1,8 +1,8 @@
 """Planted bugs in the real protocol code, for the test that shows the seed sweep catches each (issue 46, item 6).
 
-Each mutant patches a copy of one function of the negotiation (:mod:`horovod.core.negotiation.star`, ``tree``,
-``inline``, :mod:`horovod.core.coordinator`) into its module for the length of a ``with planted(name):`` block, and
-restores it after: the kinds of bug a real change can bring in, not a hook in the simulator. Nothing in
+Each mutant patches a copy of one function of the negotiation (:mod:`horovod.core.negotiation.star`, ``star_round``,
+``tree``, ``inline``, :mod:`horovod.core.coordinator`) into every module that calls it for the length of a
+``with planted(name):`` block, and restores it after: the kinds of bug a real change can bring in, not a hook in the simulator. Nothing in
 ``horovod/core`` knows of them; a production process never imports this module.
 """
 
@@ -12,7 +12,7 @@ import contextlib
 from typing import Callable, Dict, Iterator, List, Tuple
 
 from horovod.core import coordinator as coordinator_module
-from horovod.core.negotiation import inline, star, tree
+from horovod.core.negotiation import inline, star, star_round, tree
 
 __all__ = ["MUTANTS", "planted"]
 
@@ -34,14 +34,14 @@ def _lost_message() -> List[Tuple[object, str, Callable]]:
             lost.append(msg)
             return msg._replace(requests=(), data={})
         return msg
-    return [(star, "message_and_data", message_and_data), (tree, "message_and_data", message_and_data)]
+    return [(module, "message_and_data", message_and_data) for module in (star, star_round, tree)]
 
 
 def _decoded(change: Callable) -> List[Tuple[object, str, Callable]]:
     def decode_reply(state, reply, sender):
         decision = _REAL["decode_reply"](state, reply, sender)
         return decision._replace(batches=change(state, reply, list(decision.batches)))
-    return [(star, "decode_reply", decode_reply), (tree, "decode_reply", decode_reply)]
+    return [(module, "decode_reply", decode_reply) for module in (star, star_round, tree)]
 
 
 def _reordered(state, reply, batches):
