@@ -78,8 +78,9 @@ class Net:
             for i, (source, peer, wire) in enumerate(self.in_flight):
                 if source == sender and peer == receiver:
                     del self.in_flight[i]
-                    rest += self.perform(receiver, protocol.frame(sender, decode(wire, sender, *protocol.expects),
-                                                                  now))
+                    kinds = protocol.expects        # (one tuple, or one per peer)
+                    kinds = kinds[sender] if type(kinds) is dict else kinds
+                    rest += self.perform(receiver, protocol.frame(sender, decode(wire, sender, *kinds), now))
                     break
         return rest
 

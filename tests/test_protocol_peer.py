@@ -38,12 +38,12 @@ def test_a_waiting_caller_makes_the_frame_due_at_once_and_otherwise_the_spacing_
     view, protocol = net.views[1], net.protocols[1]
     view.submit("a", 1.0)
     assert net.woken(1, 5.0) == [] and net.in_flight == []
-    assert protocol.deadline == pytest.approx(5.0 + BATCH_SPACING_SECONDS) and not protocol.presented
+    assert protocol.timeout == pytest.approx(BATCH_SPACING_SECONDS) and not protocol.presented
     view.submit("b", 2.0)       # (the burst's first request started the spacing)
-    assert net.woken(1, 5.004) == [] and protocol.deadline == pytest.approx(5.0 + BATCH_SPACING_SECONDS)
+    assert net.woken(1, 5.004) == [] and protocol.timeout == pytest.approx(BATCH_SPACING_SECONDS - 0.004)
     assert net.woken(1, 5.0 + BATCH_SPACING_SECONDS) == []
     assert protocol.presented and [(s, r) for s, r, _ in net.in_flight] == [(1, 0), (1, 2)]
-    assert protocol.deadline is None        # (no patience: nothing to wait for but the peers' frames)
+    assert protocol.timeout is None        # (no patience: nothing to wait for but the peers' frames)
 
     net = _net()
     view, protocol = net.views[2], net.protocols[2]
@@ -81,7 +81,7 @@ def test_a_peer_whose_frame_is_in_is_not_listened_to_until_the_cycle_ran():
     assert net.protocols[0].listening == (2,) and net.protocols[1].listening == (2,)
     # Rank 2 has nothing pending and the frames are not urgent: it answers them after the poll interval.
     assert net.woken(2, 0.002) == [] and not net.protocols[2].presented
-    assert net.protocols[2].deadline == pytest.approx(0.001 + POLL_SECONDS)
+    assert net.protocols[2].timeout == pytest.approx(POLL_SECONDS - 0.001)
     assert net.woken(2, 0.001 + POLL_SECONDS) == [BEGIN] and len(net.in_flight) == 2
     _deliver(net, 0.06)
     assert [net.woken(rank, 0.06) for rank in (0, 1)] == [[BEGIN]] * 2
@@ -101,9 +101,9 @@ def test_a_silent_peer_is_told_to_the_transport_every_half_timeout_and_heard_aga
     view, protocol = net.views[0], net.protocols[0]
     view.submit("a", 1.0)
     view.waiters.blocked = 1
-    assert net.woken(0, 10.0) == [] and protocol.deadline == pytest.approx(12.0)
-    assert net.woken(0, 11.0) == [] and protocol.deadline == pytest.approx(12.0)
-    assert net.woken(0, 12.0) == [Silent(1, 2.0)] and protocol.deadline == pytest.approx(14.0)
+    assert net.woken(0, 10.0) == [] and protocol.timeout == pytest.approx(2.0)
+    assert net.woken(0, 11.0) == [] and protocol.timeout == pytest.approx(1.0)
+    assert net.woken(0, 12.0) == [Silent(1, 2.0)] and protocol.timeout == pytest.approx(2.0)
     assert net.woken(0, 13.0) == []                                    # once per half timeout
     assert net.woken(0, 14.0) == [Silent(1, 4.0)]
     net.views[1].submit("a", 2.0)

@@ -58,7 +58,7 @@ def test_rank_0_starts_no_cycle_for_a_name_only_it_submitted_and_polls_for_stall
     net.views[0].waiters.blocked = 1
     assert net.woken(0, 3.0) == [] and net.in_flight == []
     assert net.protocols[0].listening == (1, 2)
-    assert net.protocols[0].deadline == pytest.approx(3.0 + POLL_SECONDS)
+    assert net.protocols[0].timeout == pytest.approx(POLL_SECONDS)
     assert net.woken(0, 3.0 + POLL_SECONDS) == [DRAIN, BEGIN]      # the poll: GO to every follower
     assert _kinds(net) == [(0, 1, "Go"), (0, 2, "Go")]
 
@@ -68,9 +68,9 @@ def test_a_follower_gathers_a_burst_for_the_spacing_unless_a_caller_waits():
     view, follower = net.views[1], net.protocols[1]
     view.submit("a", 1.0)
     assert net.woken(1, 2.0) == [] and net.in_flight == []
-    assert follower.deadline == pytest.approx(2.0 + BATCH_SPACING_SECONDS) and not follower.presented
+    assert follower.timeout == pytest.approx(BATCH_SPACING_SECONDS) and not follower.presented
     assert net.woken(1, 2.0 + BATCH_SPACING_SECONDS) == [] and _kinds(net) == [(1, 0, "Msg")]
-    assert follower.presented and follower.deadline is None
+    assert follower.presented and follower.timeout is None
 
 
 def test_work_rank_0_cannot_see_is_asked_for_once_and_the_cycle_runs_every_set_in_its_round():
@@ -112,7 +112,7 @@ def test_a_follower_tells_the_transport_of_rank_0s_silence_every_half_timeout_an
     net = _star(size=2, patience=4.0)
     net.views[1].submit("a", 1.0)
     net.views[1].waiters.blocked = 1
-    assert net.woken(1, 10.0) == [] and net.protocols[1].deadline == pytest.approx(12.0)
+    assert net.woken(1, 10.0) == [] and net.protocols[1].timeout == pytest.approx(2.0)
     assert net.woken(1, 12.0) == [Silent(0, 2.0)]
     assert net.woken(1, 13.0) == []
     net.in_flight.append((0, 1, Go().encode()))

@@ -67,7 +67,7 @@ class _Scripted:
     def __init__(self):
         self.presented = False
         self.listening = (1, 2, 3)
-        self.deadline = None
+        self.timeout = None
         self.got, self.calls = [], []
 
     def peers(self):
@@ -83,7 +83,7 @@ class _Scripted:
         self.calls.append(("woken", now))
         if len(self.got) >= 2:
             return [Silent(3, 1.5), HEARD, BEGIN]
-        self.deadline = now + 0.25
+        self.timeout = 0.25
         return [Send((1, 2), ("peer", 0.0, {})), Stall(0.0)] if not self.got else []
 
     def frame(self, peer, frame, now):

@@ -22,7 +22,7 @@ from horovod.common.exceptions import HorovodInternalError, RendezvousError
 from horovod.common.netaddr import first_interface_address, source_address
 from horovod.common.rendezvous_client import RendezvousClient
 from horovod.core.negotiation.frames import Records, receive
-from horovod.core.negotiation.tree import children, parent
+from horovod.core.negotiation.tree_shape import children, parent
 from horovod.transport.mesh import raise_descriptor_limit
 from horovod.transport.tcp import TcpTransport
 

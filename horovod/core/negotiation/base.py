@@ -19,7 +19,7 @@ from horovod.core.set_state import IDLE, NEW, PENDING, SetState
 from horovod.core.waiters import Waiters, Wakeup
 from horovod.transport.base import Transport
 
-__all__ = ["POLL_SECONDS", "BATCH_SPACING_SECONDS", "spacing_for", "IDLE", "PENDING", "NEW", "Batch", "Loop",
+__all__ = ["POLL_SECONDS", "BATCH_SPACING_SECONDS", "spacing_for", "IDLE", "PENDING", "NEW", "Batch", "View", "Loop",
            "Negotiation", "report_stalls", "plain_batches"]
 
 POLL_SECONDS = 0.05    # while tensors wait for other ranks, the loop looks again this often (stall checks)
@@ -50,28 +50,35 @@ class Batch(NamedTuple):
     partial: Tuple[bool, ...] = ()
 
 
-class Loop(Protocol):
-    """What the engine lends a negotiation: the job, its process sets, who waits, and the loop's one way to sleep."""
+class View(Protocol):
+    """What a negotiation protocol reads of the engine: the job, its process sets, who waits, the pacing settings.
+    Nothing here does I/O or reads a clock (a protocol is given the time: :mod:`horovod.core.negotiation.events`)."""
 
     rank: int
     size: int
-    transport: Transport
     sets: Dict[int, SetState]       # by id; changed only between cycles, by the loop itself
     waiters: Waiters
-    wake: Wakeup
     cycle_time: float               # seconds (HOROVOD_CYCLE_TIME, or autotune's choice)
 
     def shutting_down(self) -> bool:
         """Whether this rank asked the job to stop."""
-
-    def select(self, fds: list, timeout: Optional[float]) -> list:
-        """Wait for some of ``fds`` to be readable; the engine may lend the loop to a waiting caller meanwhile."""
 
     def batch_spacing(self) -> float:
         """How long requests gather before a cycle nobody waits for."""
 
     def work(self) -> int:
         """NEW when requests wait to be negotiated (or shutdown), PENDING when only answers are awaited, else IDLE."""
+
+
+class Loop(View, Protocol):
+    """What the engine lends a negotiation's pump: the view, and the loop's transport, wake-up, clock and one way to
+    sleep."""
+
+    transport: Transport
+    wake: Wakeup
+
+    def select(self, fds: list, timeout: Optional[float]) -> list:
+        """Wait for some of ``fds`` to be readable; the engine may lend the loop to a waiting caller meanwhile."""
 
     def clock(self) -> float:
         """Seconds on a monotonic clock: the engine's is the OS's, a simulation's is virtual."""

@@ -3,10 +3,11 @@
 A protocol written as a state machine (sans I/O) never selects, sleeps, reads a clock or touches a transport. A driver
 hands it what happened, with the time (``now``, seconds on the driver's clock), through its handlers:
 
-- ``woken(now)``: after every wait, whatever ended it (a wake-up of the engine, frames delivered, the deadline): the
+- ``woken(now)``: after every wait, whatever ended it (a wake-up of the engine, frames delivered, the timeout): the
   protocol looks at everything again, as today's loops do on each wake-up;
 - ``frame(peer, frame, now)``: one control frame from a peer it listens to, already decoded by
-  :func:`horovod.core.negotiation.frames.receive` with the kinds the protocol ``expects`` (a frame that starts the
+  :func:`horovod.core.negotiation.frames.receive` with the kinds the protocol ``expects`` (one tuple, or a tuple
+  per peer where peers play different parts, as the tree's parent and children do; a frame that starts the
   cycle, such as the star's GO, returns :data:`BEGIN` itself);
 - ``began(now)``: the driver performed the actions that ended in :data:`BEGIN` (the cycle's start, for the protocol's
   own pacing);
@@ -15,8 +16,8 @@ hands it what happened, with the time (``now``, seconds on the driver's clock), 
 
 Each handler returns the actions to perform, in order, from one list the protocol reuses (a driver performs them
 before it calls again). Between calls the protocol's ``listening`` (the peers whose next frame may be read, in
-reading order) and ``deadline`` (when to call ``woken`` if nothing else happens, in the units of ``now``; None: no
-deadline) say what the driver waits for: standing interest, not one-shot orders, so a wait costs no object on the hot
+reading order) and ``timeout`` (how long after the ``now`` it was last given to call ``woken`` if nothing else
+happens; None: no limit) say what the driver waits for: standing interest, not one-shot orders, so a wait costs no object on the hot
 path. A malformed frame or a broken rule is raised from the handler as :class:`HorovodInternalError`, as before.
 
 :mod:`horovod.core.negotiation.pump` runs protocols over a real loop (or the simulation's); a unit test can run them

@@ -17,10 +17,10 @@ from horovod.common.types import OpType
 from horovod.core import buggify
 from horovod.core.decision import Contributors, Decision, Message
 from horovod.core.negotiation import inline
-from horovod.core.negotiation.base import POLL_SECONDS, Loop
+from horovod.core.negotiation.base import POLL_SECONDS, Loop, View
 from horovod.core.negotiation.events import BEGIN, HEARD, Execute, Silent, send_to_each
 from horovod.core.negotiation.frames import Msg, Peer
-from horovod.core.negotiation.pump import Pumped
+from horovod.core.negotiation.pump import Pumped, patience
 from horovod.core.response_cache import split_hits
 from horovod.core.set_state import SetState
 
@@ -51,14 +51,15 @@ class PeerProtocol:
     name = "peer"
     every_member_coordinates = True
     expects = (Peer,)
+    frames = 0      # (only the tree counts its frames)
 
-    def __init__(self, view: Loop, patience: float):
+    def __init__(self, view: View, patience: float):
         self.view = view
         self.patience = patience                        # seconds of a peer's silence before the transport hears
         self._others = tuple(p for p in range(view.size) if p != view.rank)
         self.presented = False                          # this rank's frame for the coming cycle is out
         self.listening: Tuple[int, ...] = self._others  # the peers whose next frame may be read, in order
-        self.deadline: Optional[float] = None           # when to look again if nothing else happens
+        self.timeout: Optional[float] = None            # how long after `now` to look again if nothing happens
         self._inbox: Dict[int, Peer] = {}               # each peer's frame for the coming cycle
         self._inbox_since: Optional[float] = None
         self._frames: Dict[int, Peer] = {}              # ... and for the cycle that runs
@@ -88,7 +89,8 @@ class PeerProtocol:
         self._inbox[peer] = frame
         if self._inbox_since is None:
             self._inbox_since = now
-        self.listening = tuple(p for p in self._others if p not in self._inbox)
+        inbox = self._inbox
+        self.listening = () if len(inbox) == len(self._others) else tuple(p for p in self._others if p not in inbox)
         out = self._out
         out.clear()
         return out
@@ -114,14 +116,14 @@ class PeerProtocol:
                 out.append(HEARD)
             self.presented = self._warned = False
             self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
-            self.listening, self.deadline = self._others, None
+            self.listening, self.timeout = self._others, None
             out.append(BEGIN)
             return out
         if self.presented and self.patience > 0:
             timeout = self._liveness_bound(now, timeout, out)
         if buggify.ON:
             timeout = buggify.late(timeout, "peer.timer_late")
-        self.deadline = None if timeout is None else now + timeout
+        self.timeout = timeout
         return out
 
     def turn(self, state: SetState, shutdown: bool, now: float) -> List:
@@ -232,4 +234,4 @@ class PeerNegotiation(Pumped):
     """The peer protocol over a loop (the engine's, or a simulated rank's)."""
 
     def __init__(self, loop: Loop):
-        super().__init__(loop, PeerProtocol(loop, loop.transport.timeout if loop.transport is not None else 0.0))
+        super().__init__(loop, PeerProtocol(loop, patience(loop)))

@@ -2,7 +2,7 @@
 
 A protocol (:mod:`horovod.core.negotiation.events`) decides; the pump does what it decides. It waits in
 ``loop.select`` (so that the engine may lend the loop to a waiting caller meanwhile, and the simulation waits in
-virtual time) on the wake-up socket and the peers the protocol listens to, until its deadline; then it reads one
+virtual time) on the wake-up socket and the peers the protocol listens to, for at most its timeout; then it reads one
 frame per readable peer, in the protocol's reading order, and asks the protocol again. It sends, stalls and tells the
 transport of silent peers as the protocol's actions say.
 
@@ -24,7 +24,12 @@ from horovod.core.negotiation.events import Begin, Drain, Execute, Heard, Send, 
 from horovod.core.negotiation.frames import receive
 from horovod.core.set_state import SetState
 
-__all__ = ["Pumped", "drive_turn", "perform"]
+__all__ = ["Pumped", "drive_turn", "perform", "patience"]
+
+
+def patience(loop: Loop) -> float:
+    """How long a peer may stay silent before the transport hears of it: its timeout (0 without a transport: never)."""
+    return loop.transport.timeout if loop.transport is not None else 0.0
 
 
 class Pumped(Negotiation):
@@ -37,6 +42,11 @@ class Pumped(Negotiation):
         self.every_member_coordinates = protocol.every_member_coordinates
         self._fd: Dict[int, int] = {}           # peer -> its connection's descriptor
         self._peer: Dict[int, int] = {}         # ... and back
+
+    @property
+    def frames(self) -> int:
+        """Control frames the protocol read and wrote, where it counts them (the tree), else 0."""
+        return self.protocol.frames
 
     @property
     def presented(self) -> bool:
@@ -66,31 +76,30 @@ class Pumped(Negotiation):
         loop, protocol = self.loop, self.protocol
         wake = loop.wake
         while True:
-            asked_at = loop.clock()
-            if perform(loop, protocol.woken(asked_at), self.name):
+            if perform(loop, protocol.woken(loop.clock()), self.name):
                 protocol.began(loop.clock())
                 return
-            deadline = protocol.deadline
-            # The deadline counts from the moment the protocol was asked (its sends do not delay it in a real job;
-            # in the simulation, where sends charge the clock, the timing is today's to the event).
-            timeout = None if deadline is None else deadline - asked_at
             fds = self._fd
-            readable = loop.select([wake.reader] + [fds[peer] for peer in protocol.listening], timeout)
+            readable = loop.select([wake.reader] + [fds[peer] for peer in protocol.listening], protocol.timeout)
             for fd in readable:
                 if fd is wake.reader:
                     wake.drain()
                     continue
                 peer = self._peer[fd]
                 if peer in protocol.listening:      # (a caller may have run the loop meanwhile: look again)
-                    frame = receive(loop.transport, peer, *protocol.expects)
-                    if perform(loop, protocol.frame(peer, frame, loop.clock()), self.name):
+                    kinds = protocol.expects
+                    frame = receive(loop.transport, peer, *(kinds[peer] if type(kinds) is dict else kinds))
+                    actions = protocol.frame(peer, frame, loop.clock())
+                    if actions and perform(loop, actions, self.name):     # (most frames are only taken in)
                         protocol.began(loop.clock())
                         return
 
     def negotiate(self, state: SetState, shutdown: bool) -> Decision:
         """The protocol's decision for ``state``, reading the peers it listens to (in order, blocking) until then."""
-        return drive_turn(self.loop, self.protocol, self.protocol.turn(state, shutdown, self.loop.clock()),
-                          state.id, self.name)
+        actions = self.protocol.turn(state, shutdown, self.loop.clock())
+        if len(actions) == 1 and type(actions[0]) is Execute:
+            return actions[0].decision      # decided at once, nothing to send (the peer protocol, a small job's way)
+        return drive_turn(self.loop, self.protocol, actions, state.id, self.name)
 
 
 def drive_turn(loop: Loop, part, actions: List, set_id: int, name: str) -> Decision:
@@ -104,7 +113,9 @@ def drive_turn(loop: Loop, part, actions: List, set_id: int, name: str) -> Decis
             raise HorovodInternalError(f"rank {loop.rank}: the {name} negotiation of process set {set_id} neither "
                                        f"decided nor waits for a peer")
         peer = part.listening[0]
-        actions = part.frame(peer, receive(loop.transport, peer, *part.expects), loop.clock())
+        kinds = part.expects
+        actions = part.frame(peer, receive(loop.transport, peer, *(kinds[peer] if type(kinds) is dict else kinds)),
+                             loop.clock())
 
 
 def perform(loop: Loop, actions: List, name: str) -> Optional[object]:

@@ -17,10 +17,10 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import OpType
 from horovod.core import buggify
 from horovod.core.negotiation import inline
-from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop
+from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop, View
 from horovod.core.negotiation.events import BEGIN, DRAIN, HEARD, Send, Silent
 from horovod.core.negotiation.frames import GO, WANT_NOW, Go, Msg, Reply, Want
-from horovod.core.negotiation.pump import Pumped
+from horovod.core.negotiation.pump import Pumped, patience
 from horovod.core.negotiation.star_round import StarRound, decode_reply, message_and_data
 from horovod.core.set_state import SetState
 
@@ -40,15 +40,16 @@ class _StarProtocol:
 
     name = "star"
     every_member_coordinates = False
+    frames = 0      # (only the tree counts its frames)
 
-    def __init__(self, view: Loop, patience: float):
+    def __init__(self, view: View, patience: float):
         self.view = view
         self.patience = patience                    # seconds of silence before the transport hears (0: never)
         self.held = inline.HeldData()
         self.presented = False
         self.listening: Tuple[int, ...] = ()
         self.expects: tuple = _MSG_OR_WANT
-        self.deadline: Optional[float] = None
+        self.timeout: Optional[float] = None
         self._round = StarRound(self.held)
         self._out: List = []
 
@@ -76,7 +77,7 @@ class StarRootProtocol(_StarProtocol):
     ``HOROVOD_CYCLE_TIME``) still runs while anything is pending, for stall checks.
     """
 
-    def __init__(self, view: Loop, patience: float):
+    def __init__(self, view: View, patience: float):
         super().__init__(view, patience)
         self._followers = tuple(range(1, view.size))
         self.listening = self._followers
@@ -136,7 +137,7 @@ class StarRootProtocol(_StarProtocol):
         return self._in_round(self._round.turn(state, shutdown, now, early=self._early if state.id == 0 else None))
 
     def _due(self, now: float) -> bool:
-        """Whether the cycle starts now; if not, what to wait for (``listening``, ``deadline``)."""
+        """Whether the cycle starts now; if not, what to wait for (``listening``, ``timeout``)."""
         view = self.view
         if self._wanted == NEW or self._cycle_is_useful():
             # While nobody blocks on a result (a backward pass submitting gradients as it goes), cycles are spaced
@@ -148,7 +149,7 @@ class StarRootProtocol(_StarProtocol):
                     buggify.ON and buggify.fires("star.cycle_early"):
                 return True
             self.listening = ()
-            self.deadline = now + (buggify.late(spacing, "star.timer_late") if buggify.ON else spacing)
+            self.timeout = buggify.late(spacing, "star.timer_late") if buggify.ON else spacing
             return False
         timeout = None
         if self._early_names:
@@ -165,7 +166,7 @@ class StarRootProtocol(_StarProtocol):
             return True     # (buggify: before every name it waits for is announced, or the poll is due)
         timeout = buggify.late(timeout, "star.timer_late") if buggify.ON else timeout
         self.listening = self._followers
-        self.deadline = None if timeout is None else now + timeout
+        self.timeout = timeout
         return False
 
     def _cycle_is_useful(self) -> bool:
@@ -221,7 +222,7 @@ class StarRootProtocol(_StarProtocol):
 class StarFollowerProtocol(_StarProtocol):
     """Every other rank: announces its global-set requests to rank 0 (or asks for a cycle) and waits for the start."""
 
-    def __init__(self, view: Loop, patience: float):
+    def __init__(self, view: View, patience: float):
         super().__init__(view, patience)
         self.listening, self.expects = (0,), _GO_ONLY
         self._reply: Optional[Reply] = None         # the global set's reply that started this cycle
@@ -258,7 +259,7 @@ class StarFollowerProtocol(_StarProtocol):
         timeout = buggify.late(timeout, "star.timer_late") if buggify.ON else timeout
         self.listening = (0,)
         self.expects = _GO_OR_REPLY if self.presented else _GO_ONLY    # (the reply to our message starts it too)
-        self.deadline = None if timeout is None else now + timeout
+        self.timeout = timeout
         return out
 
     def frame(self, peer: int, frame, now: float) -> List:
@@ -329,19 +330,15 @@ class StarFollowerProtocol(_StarProtocol):
         return timeout
 
 
-def _patience(loop: Loop) -> float:
-    return loop.transport.timeout if loop.transport is not None else 0.0
-
-
 class StarRoot(Pumped):
     """The star's rank 0 over a loop (the engine's, or a simulated rank's)."""
 
     def __init__(self, loop: Loop):
-        super().__init__(loop, StarRootProtocol(loop, _patience(loop)))
+        super().__init__(loop, StarRootProtocol(loop, patience(loop)))
 
 
 class StarFollower(Pumped):
     """A star follower over a loop."""
 
     def __init__(self, loop: Loop):
-        super().__init__(loop, StarFollowerProtocol(loop, _patience(loop)))
+        super().__init__(loop, StarFollowerProtocol(loop, patience(loop)))
