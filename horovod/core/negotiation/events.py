@@ -20,6 +20,11 @@ reading order) and ``timeout`` (how long after the ``now`` it was last given to 
 happens; None: no limit) say what the driver waits for: standing interest, not one-shot orders, so a wait costs no object on the hot
 path. A malformed frame or a broken rule is raised from the handler as :class:`HorovodInternalError`, as before.
 
+Between a cycle's last :class:`Execute` and the next ``woken``, a protocol listens only to frames it would take as
+the next cycle's (the peer protocol: every peer's next frame) or to none (the star and the tree end a cycle with
+``listening`` empty): the engine may lend the loop to a waiting caller, and a thread that slept through the caller's
+cycles hands the protocol what it found readable before it calls ``woken`` again.
+
 :mod:`horovod.core.negotiation.pump` runs protocols over a real loop (or the simulation's); a unit test can run them
 with nothing but these records and a list for the network (tests/test_protocol_peer.py).
 """

@@ -76,7 +76,8 @@ class Pumped(Negotiation):
         loop, protocol = self.loop, self.protocol
         wake = loop.wake
         while True:
-            if perform(loop, protocol.woken(loop.clock()), self.name):
+            actions = protocol.woken(loop.clock())
+            if actions and perform(loop, actions, self.name):
                 protocol.began(loop.clock())
                 return
             fds = self._fd
@@ -106,7 +107,7 @@ def drive_turn(loop: Loop, part, actions: List, set_id: int, name: str) -> Decis
     """Perform ``actions`` (what ``part`` answered a turn with) and read the peer ``part`` listens to (in order,
     blocking: the loop is not lent in a cycle), handing it each frame, until it decides."""
     while True:
-        decision = perform(loop, actions, name)
+        decision = perform(loop, actions, name) if actions else None
         if decision is not None:
             return decision
         if not part.listening:
