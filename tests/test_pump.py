@@ -62,6 +62,7 @@ class _Scripted:
 
     name = "scripted"
     every_member_coordinates = False
+    decides_at_once = False
     expects = (Peer,)
 
     def __init__(self):

@@ -12,7 +12,8 @@ hands it what happened, with the time (``now``, seconds on the driver's clock), 
 - ``began(now)``: the driver performed the actions that ended in :data:`BEGIN` (the cycle's start, for the protocol's
   own pacing);
 - ``turn(state, shutdown, now)``: the running cycle reached a process set; the protocol answers with
-  :class:`Execute`, at once or after more frames.
+  :class:`Execute`, at once or after more frames (a protocol whose ``decides_at_once`` is true sends and reads
+  nothing in a turn: the pump may call its ``decide(state, shutdown)`` for the decision itself).
 
 Each handler returns the actions to perform, in order, from one list the protocol reuses (a driver performs them
 before it calls again). Between calls the protocol's ``listening`` (the peers whose next frame may be read, in

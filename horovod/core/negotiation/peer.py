@@ -18,7 +18,7 @@ from horovod.core import buggify
 from horovod.core.decision import Contributors, Decision, Message
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import POLL_SECONDS, Loop, View
-from horovod.core.negotiation.events import BEGIN, HEARD, Execute, Silent, send_to_each
+from horovod.core.negotiation.events import BEGIN, HEARD, Execute, Send, Silent, send_to_each
 from horovod.core.negotiation.frames import Msg, Peer
 from horovod.core.negotiation.pump import Pumped, patience
 from horovod.core.response_cache import split_hits
@@ -52,6 +52,7 @@ class PeerProtocol:
     every_member_coordinates = True
     expects = (Peer,)
     frames = 0      # (only the tree counts its frames)
+    decides_at_once = True      # a turn sends nothing and reads nothing: the pump may ask decide() directly
 
     def __init__(self, view: View, patience: float):
         self.view = view
@@ -85,15 +86,19 @@ class PeerProtocol:
         self.held.forget(set_id)
 
     def frame(self, peer: int, frame: Peer, now: float) -> List:
-        """A peer's frame for the coming cycle (the driver calls :meth:`woken` once it delivered what arrived)."""
-        self._inbox[peer] = frame
+        """A peer's frame for the coming cycle: the last one the cycle waits for begins it where this rank's frame is
+        out (else the driver's :meth:`woken`, once it delivered what arrived, decides)."""
+        inbox = self._inbox
+        inbox[peer] = frame
         if self._inbox_since is None:
             self._inbox_since = now
-        inbox = self._inbox
-        self.listening = () if len(inbox) == len(self._others) else tuple(p for p in self._others if p not in inbox)
         out = self._out
         out.clear()
-        return out
+        if len(inbox) < len(self._others):
+            self.listening = tuple(p for p in self._others if p not in inbox)
+            return out
+        self.listening = ()
+        return self._begin(out) if self.presented else out
 
     def began(self, now: float) -> None:
         """The cycle began (this rank's frame sent): the poll interval counts from here."""
@@ -112,13 +117,7 @@ class PeerProtocol:
                 self._send_frame(now, out)
                 timeout = None
         if self.presented and len(self._inbox) == len(self._others):
-            if self._warned:
-                out.append(HEARD)
-            self.presented = self._warned = False
-            self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
-            self.listening, self.timeout = self._others, None
-            out.append(BEGIN)
-            return out
+            return self._begin(out)
         if self.presented and self.patience > 0:
             timeout = self._liveness_bound(now, timeout, out)
         if buggify.ON:
@@ -126,11 +125,21 @@ class PeerProtocol:
         self.timeout = timeout
         return out
 
+    def _begin(self, out: List) -> List:
+        """Every frame of the cycle is in, this rank's too: it begins (the next frames are the next cycle's)."""
+        if self._warned:
+            out.append(HEARD)
+        self.presented = self._warned = False
+        self._frames, self._inbox, self._inbox_since = self._inbox, {}, None
+        self.listening, self.timeout = self._others, None
+        out.append(BEGIN)
+        return out
+
     def turn(self, state: SetState, shutdown: bool, now: float) -> List:
         """The cycle reached ``state``: decide at once, from the frames in."""
         out = self._out
         out.clear()
-        out.append(Execute(self.negotiate(state, shutdown)))
+        out.append(Execute(self.decide(state, shutdown)))
         return out
 
     def _liveness_bound(self, now: float, timeout: Optional[float], out: List) -> Optional[float]:
@@ -196,13 +205,17 @@ class PeerProtocol:
                 own[set_id] = msg.message
             if data:
                 self.held.hold(set_id, Contributors(state.index), data)
-        send_to_each(self._others, Peer(now, msgs).encode(), "peer.broadcast_slow", out)
+        wire = Peer(now, msgs).encode()
+        if buggify.ON:
+            send_to_each(self._others, wire, "peer.broadcast_slow", out)
+        else:
+            out.append(Send(self._others, wire))
         self._own, self._own_clock = own, now
         self.presented = True
         self._queued_since = None
 
-    def negotiate(self, state: SetState, shutdown: bool) -> Decision:
-        """This member's coordinator decides the set's batches from every member's message."""
+    def decide(self, state: SetState, shutdown: bool) -> Decision:
+        """This member's coordinator decides the set's batches from every member's message (the cycle's frames)."""
         messages = []
         clock = 0.0
         for position, rank in enumerate(state.ranks):

@@ -20,7 +20,7 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.core import buggify
 from horovod.core.decision import Decision
 from horovod.core.negotiation.base import Loop, Negotiation
-from horovod.core.negotiation.events import Begin, Drain, Execute, Heard, Send, Silent, Stall
+from horovod.core.negotiation.events import BEGIN, Begin, Drain, Execute, Heard, Send, Silent, Stall
 from horovod.core.negotiation.frames import receive
 from horovod.core.set_state import SetState
 
@@ -77,7 +77,7 @@ class Pumped(Negotiation):
         wake = loop.wake
         while True:
             actions = protocol.woken(loop.clock())
-            if actions and perform(loop, actions, self.name):
+            if actions and (actions[0] is BEGIN or perform(loop, actions, self.name)):     # (BEGIN comes last)
                 protocol.began(loop.clock())
                 return
             fds = self._fd
@@ -91,16 +91,16 @@ class Pumped(Negotiation):
                     kinds = protocol.expects
                     frame = receive(loop.transport, peer, *(kinds[peer] if type(kinds) is dict else kinds))
                     actions = protocol.frame(peer, frame, loop.clock())
-                    if actions and perform(loop, actions, self.name):     # (most frames are only taken in)
+                    if actions and (actions[0] is BEGIN or perform(loop, actions, self.name)):  # (most: taken in)
                         protocol.began(loop.clock())
                         return
 
     def negotiate(self, state: SetState, shutdown: bool) -> Decision:
         """The protocol's decision for ``state``, reading the peers it listens to (in order, blocking) until then."""
-        actions = self.protocol.turn(state, shutdown, self.loop.clock())
-        if len(actions) == 1 and type(actions[0]) is Execute:
-            return actions[0].decision      # decided at once, nothing to send (the peer protocol, a small job's way)
-        return drive_turn(self.loop, self.protocol, actions, state.id, self.name)
+        protocol = self.protocol
+        if protocol.decides_at_once:    # (the peer protocol: every member decides from the frames in, sends nothing)
+            return protocol.decide(state, shutdown)
+        return drive_turn(self.loop, protocol, protocol.turn(state, shutdown, self.loop.clock()), state.id, self.name)
 
 
 def drive_turn(loop: Loop, part, actions: List, set_id: int, name: str) -> Decision:

@@ -41,6 +41,7 @@ class _StarProtocol:
     name = "star"
     every_member_coordinates = False
     frames = 0      # (only the tree counts its frames)
+    decides_at_once = False
 
     def __init__(self, view: View, patience: float):
         self.view = view

@@ -66,6 +66,7 @@ class TreeProtocol:
 
     name = "tree"
     every_member_coordinates = False
+    decides_at_once = False
 
     def __init__(self, view: View, patience: float):
         self.view = view
