@@ -1,7 +1,7 @@
 """Cost against world size on one host: horovod-py beside torch.distributed (Gloo), in one run.
 
     python bench/scale.py [--np 2,4,8,16,32,64] [--repeats 3] [--seconds 0.3] [--launch env|horovodrun]
-                          [--json FILE] [--results]
+                          [--json FILE] [--results] [--ab OTHER_CHECKOUT ...] [--no-gloo]
 
 For each np, ``--repeats`` times, alternating horovod-py and Gloo, both started the same way: each rank a subprocess
 of this script with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torch's ``env://``, which ``hvd.init()`` honours too:
@@ -20,7 +20,10 @@ warm-up op over at least one op, not two and three. Each figure is the median of
 Prints a line per run as it starts and ends, then the table; writes JSON (``--json``), plots of each cost against np
 on log axes (``bench/figures/scale-*.png``, needs matplotlib) and, with ``--results``, the section "Scale across world
 sizes (one host)" of bench/RESULTS.md (text of that section outside its generated block is kept); ``--from-json``
-redraws all three from a saved run (bench/scale_report.py). Every run has a hard
+redraws all three from a saved run (bench/scale_report.py). ``--ab OTHER_CHECKOUT`` runs another checkout's horovod-py
+beside this one's (its ranks import that checkout's package; the workers are this script's), the sides' order
+rotating from round to round, and prints an A/B table per other checkout: each side's median and the median of the
+rounds' own ratios, a ratio above 1.10 marked; ``--no-gloo`` leaves Gloo out. Every run has a hard
 timeout (``--timeout``; by default it grows with np) and whatever it started is ended by pid when it finishes, fails
 or times out: this process is its descendants' subreaper, so a worker orphaned by its launcher is still found.
 """
@@ -47,7 +50,8 @@ ROOT = os.path.dirname(HERE)
 TEARDOWN_ABORT = "terminate called without an active exception"   # a Gloo rank's abort in its teardown (SIGABRT)
 sys.path.insert(0, HERE)
 
-from scale_report import IMPLS, SECTION, markdown, medians, plot, results_section, write_results  # noqa: E402
+from scale_report import (IMPLS, SECTION, ab_label, ab_summary, markdown, medians, plot,  # noqa: E402
+                          results_section, summary as _summary, write_results)
 
 
 # ----------------------------------------------------------------------------------------------------- the workers
@@ -228,23 +232,27 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _launch(impl, np_, spec, log, args):
+def _launch(impl, np_, spec, log, args, root=ROOT):
     """Both sides' ranks as subprocesses of this script with torch's env:// variables (``--launch env``, which
-    horovod-py's ``hvd.init()`` honours: rank 0 serves the rendezvous), or ours under ``horovodrun``."""
+    horovod-py's ``hvd.init()`` honours: rank 0 serves the rendezvous), or ours under ``horovodrun``; ``root``: the
+    checkout whose ``horovod`` the ranks import (``--ab``), this script's workers either way."""
     import suite
     worker = [sys.executable, os.path.abspath(__file__), "--worker", impl]
     spec["launched"] = time.time()
+    base = suite._env() if root == ROOT else dict(
+        suite._env(), PYTHONPATH=os.pathsep.join([root, HERE, os.environ.get("PYTHONPATH", "")]))
     if impl == "horovod-py" and args.launch == "horovodrun":
         cmd = [sys.executable, "-m", "horovod.runner", "-np", str(np_), *args.extra.split(), *worker, json.dumps(spec)]
-        return [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=suite._env(), start_new_session=True)]
-    env = dict(suite._env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(np_))
+        return [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=base, start_new_session=True)]
+    env = dict(base, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(np_))
     return [subprocess.Popen([*worker, json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT,
                              env=dict(env, RANK=str(rank)), start_new_session=True) for rank in range(np_)]
 
 
-def run_one(impl, np_, args, tmp):
+def run_one(impl, np_, args, tmp, root=ROOT, label=""):
     """One job of ``np_`` ranks; its figures, or ``{"error": ...}``. Nothing it started outlives it."""
-    out, log_path = os.path.join(tmp, f"{impl}-{np_}.json"), os.path.join(tmp, f"{impl}-{np_}.log")
+    tag = (label or impl).replace(":", "-").replace("/", "-")
+    out, log_path = os.path.join(tmp, f"{tag}-{np_}.json"), os.path.join(tmp, f"{tag}-{np_}.log")
     if os.path.exists(out):
         os.remove(out)
     spec = {"impl": impl, "binding": args.binding, "seconds": args.seconds, "out": out}
@@ -252,7 +260,7 @@ def run_one(impl, np_, args, tmp):
     start = time.monotonic()
     error = None
     with open(log_path, "w") as log:
-        procs = _launch(impl, np_, spec, log, args)
+        procs = _launch(impl, np_, spec, log, args, root)
         try:
             failed_at = None
             while True:
@@ -300,22 +308,14 @@ def _meta(args):
             "binding": args.binding, "repeats": args.repeats, "launch": args.launch, "step_peer": "ddp"}
 
 
-def _summary(figures) -> str:
-    if "error" in figures:
-        return f"FAILED ({figures['error']}, {figures['wall_s']:.0f} s)"
-    if "teardown" in figures:
-        return f"ok, but a rank aborted in Gloo's teardown after its figures were in ({figures['wall_s']:.0f} s)"
-    return (f"{figures['wall_s']:.1f} s: first result {figures['first_s']:.2f} s, 4 B {figures['ar4_us']:.0f} us, "
-            f"1 MiB {figures['ar1m_us']:.0f} us, step {figures['step_ms']:.1f} ms, {figures['threads']:.0f} threads, "
-            f"{figures['fds']:.0f} fds, {figures['rss_mib']:.0f} MiB")
-
-
 def measure(args, nps):
     """Every run, alternating frameworks, ``args.repeats`` times per np (fewer past ``args.budget``)."""
     _become_subreaper()
     # Ended by a signal (a timeout's), it unwinds like an error: the run's workers are ended by pid, not orphaned.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     runs, begun = [], time.monotonic()
+    sides = [(IMPLS[0], IMPLS[0], ROOT)] + [(ab_label(path), IMPLS[0], os.path.abspath(path)) for path in args.ab] + \
+        ([] if args.no_gloo else [(IMPLS[1], IMPLS[1], ROOT)])
     with tempfile.TemporaryDirectory() as tmp:
         for np_ in nps:
             pair = 0.0
@@ -326,14 +326,15 @@ def measure(args, nps):
                           f"{args.budget:.0f} min ({spent:.1f} spent): {repeat} of {args.repeats} runs",
                           file=sys.stderr, flush=True)
                     break
-                for impl in IMPLS:
-                    label = f"[np {np_}] {impl} run {repeat + 1}/{args.repeats}"
+                turn = repeat % len(sides)     # (which side goes first rotates: a shared machine's speed drifts)
+                for side, impl, root in sides[turn:] + sides[:turn]:
+                    label = f"[np {np_}] {side} run {repeat + 1}/{args.repeats}"
                     print(f"{label}: starting", file=sys.stderr, flush=True)
-                    figures = run_one(impl, np_, args, tmp)
+                    figures = run_one(impl, np_, args, tmp, root, side)
                     print(f"{label}: {_summary(figures)}", file=sys.stderr, flush=True)
                     if "error" in figures:
                         print(figures["log_tail"][-1500:], file=sys.stderr, flush=True)
-                    runs.append({"impl": impl, "np": np_, "repeat": repeat, "figures": figures})
+                    runs.append({"impl": side, "np": np_, "repeat": repeat, "figures": figures})
                 pair = (time.monotonic() - pair_began) / 60
     return runs
 
@@ -351,6 +352,9 @@ def main(argv=None) -> int:
                         help="env: both sides' ranks started here alike (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT); "
                              "horovodrun: ours under horovodrun, Gloo's as in env (the launcher's cost counted)")
     parser.add_argument("--extra", default="", help="more horovodrun flags, space-separated (--launch horovodrun)")
+    parser.add_argument("--ab", action="append", default=[], metavar="CHECKOUT",
+                        help="another checkout's horovod-py beside this one's, alternating (git worktree add ...)")
+    parser.add_argument("--no-gloo", action="store_true", help="leave out torch.distributed (an A/B alone)")
     parser.add_argument("--json", default=os.path.join(HERE, "figures", "scale-results.json"))
     parser.add_argument("--figures", default=os.path.join(HERE, "figures"), help="folder for scale-*.png")
     parser.add_argument("--results", action="store_true", help="write the section of bench/RESULTS.md")
@@ -372,6 +376,8 @@ def main(argv=None) -> int:
     table = medians(runs)
     text = markdown(table, nps)
     print(text)
+    for other in sorted({r["impl"] for r in runs} - set(IMPLS)):
+        print(ab_summary(runs, nps, other))
     plots, why = plot(table, nps, args.figures)
     print(f"plots: {', '.join(plots)}" if plots else f"plots skipped: {why}", flush=True)
     if not args.from_json:

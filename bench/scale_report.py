@@ -144,3 +144,49 @@ def write_results(path, block) -> None:
         text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
     with open(path, "w") as handle:
         handle.write(text)
+
+
+AB_FIGURES = (("ar4_us", "4 B allreduce, µs", "{:.0f}"), ("ar1m_us", "1 MiB allreduce, µs", "{:.0f}"),
+              ("step_ms", "200 × 4 KiB step, ms", "{:.2f}"),
+              ("cpu_per_op_us", "rank 0's CPU per 4 B op, µs", "{:.0f}"))
+
+
+def ab_label(path: str) -> str:
+    """The side's name for another checkout (``scale.py --ab``)."""
+    return "ab:" + os.path.basename(os.path.abspath(path).rstrip(os.sep))
+
+
+def ab_summary(runs, nps, other: str) -> str:
+    """This checkout against ``other`` (an ``ab:`` side), per np and figure: each side's median over its runs and, in
+    brackets, the median of the rounds' own ratios (this / other); a ratio above 1.10 is marked (!)."""
+    lines = [f"A/B, this checkout / {other}: each side's median, (the median of the rounds' ratios)",
+             "| ranks | " + " | ".join(head for _, head, _ in AB_FIGURES) + " |", "|---|" + "---|" * len(AB_FIGURES)]
+    for np_ in nps:
+        rounds = {}
+        for r in runs:
+            if r["np"] == np_ and r["impl"] in (IMPLS[0], other) and "error" not in r["figures"]:
+                rounds.setdefault(r["repeat"], {})[r["impl"]] = r["figures"]
+        cells = [str(np_)]
+        for key, _, fmt in AB_FIGURES:
+            pairs = [(d[IMPLS[0]][key], d[other][key]) for d in rounds.values()
+                     if IMPLS[0] in d and other in d and key in d[IMPLS[0]] and d[other].get(key)]
+            if not pairs:
+                cells.append("-")
+                continue
+            ratio = statistics.median(a / b for a, b in pairs)
+            mark = " !" if ratio > 1.1 else ""
+            cells.append(f"{fmt.format(statistics.median(a for a, _ in pairs))} / "
+                         f"{fmt.format(statistics.median(b for _, b in pairs))} ({ratio:.2f}{mark})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary(figures) -> str:
+    """One run's line: its figures, or why it has none."""
+    if "error" in figures:
+        return f"FAILED ({figures['error']}, {figures['wall_s']:.0f} s)"
+    if "teardown" in figures:
+        return f"ok, but a rank aborted in Gloo's teardown after its figures were in ({figures['wall_s']:.0f} s)"
+    return (f"{figures['wall_s']:.1f} s: first result {figures['first_s']:.2f} s, 4 B {figures['ar4_us']:.0f} us, "
+            f"1 MiB {figures['ar1m_us']:.0f} us, step {figures['step_ms']:.1f} ms, {figures['threads']:.0f} threads, "
+            f"{figures['fds']:.0f} fds, {figures['rss_mib']:.0f} MiB")
