@@ -60,6 +60,7 @@ def test_a_waiting_job_sends_its_messages_up_unasked_and_the_reply_alone_starts_
         assert _folded(net.turn(rank, 0.003)) == [15.0] * 4
     assert _kinds(net) == [(1, 4, "Reply")]                 # passed down by the relay before it executes
     assert net.deliver(4, 0.004) == [DRAIN, BEGIN] and _folded(net.turn(4, 0.004)) == [15.0] * 4
+    assert [p.listening for p in net.protocols] == [()] * SIZE     # a cycle ends listening to nobody (events.py)
     assert sum(p.frames for p in net.protocols) == 2 * 4 * 2       # every edge: one frame up, one down
 
 
@@ -100,3 +101,4 @@ def test_another_process_set_negotiates_through_its_first_rank_as_under_the_star
     assert _kinds(net) == [(4, 2, "Msg")] and net.protocols[4].listening == (2,)
     assert names(net.turn(2, 0.0, set_id=1)) == [["b"]]
     assert names(net.finish(4, started, 0.0)) == [["b"]] and net.in_flight == []
+    assert net.protocols[2].listening == () and net.protocols[4].listening == ()
