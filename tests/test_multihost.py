@@ -302,3 +302,10 @@ def test_fresh_hosts_trust_on_first_use_and_a_changed_key_is_refused(tmp_path):
         code, out, err = _launch_plain(fresh.identity_file, home, args, tmp_path)
         assert code == 0, err[-3000:]
         assert len([line for line in out.splitlines() if "OK rank=" in line]) == 4
+
+
+@pytest.mark.unit
+def test_clusters_alive_at_once_in_one_process_never_share_a_name():
+    # A random two-hex suffix once named a second cluster of one test run after a live one's bridge ("File exists").
+    tags = [NetnsCluster(1).tag for _ in range(256)]
+    assert len(set(tags)) == 256 and all(len(tag) == 7 for tag in tags)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import os
 import random
 import shutil
@@ -37,6 +38,16 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
+
+
+# A process's clusters take turns through 256 suffixes: two alive at once in one process never share a tag (a
+# random suffix once gave a second cluster of the same test run the name of a live one's bridge).
+_SERIALS = itertools.count(random.randrange(256))
+
+
+def _tag() -> str:
+    """A cluster's tag: this process's id and its next suffix."""
+    return f"{os.getpid() % 100000:05d}{next(_SERIALS) % 256:02x}"
 
 
 @contextlib.contextmanager
@@ -88,8 +99,7 @@ class NetnsCluster:
     def __init__(self, count: int, sshd_on: Optional[Sequence[bool]] = None):
         self.count = count
         self.sshd_on = list(sshd_on) if sshd_on is not None else [True] * count
-        self.tag = f"{os.getpid() % 100000:05d}{random.randrange(16 ** 2):02x}"
-        self.bridge = f"hvb{self.tag}"
+        self._name(_tag())
         self.hosts: List[TestHost] = []
         self.dir = ""
         self.subnet = ""
@@ -104,6 +114,10 @@ class NetnsCluster:
             os.chmod(self.dir, 0o700)
             with _subnet_lock():     # clusters of parallel test runners must not pick the same free subnet
                 self.subnet = self._free_subnet()
+                for _ in range(256):    # (nor a name a cluster still alive holds: its bridge is up while it lives)
+                    if _run("ip", "link", "show", self.bridge, check=False).returncode != 0:
+                        break
+                    self._name(_tag())
                 _run("ip", "link", "add", self.bridge, "type", "bridge")
                 _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
@@ -120,6 +134,11 @@ class NetnsCluster:
             self.close()
             raise
         return self
+
+    def _name(self, tag: str) -> None:
+        """The cluster's tag, which names its bridge, namespaces and veths (7 characters: interface names hold 15)."""
+        self.tag = tag
+        self.bridge = f"hvb{tag}"
 
     def _free_subnet(self) -> str:
         used = _run("ip", "-4", "-o", "addr").stdout + _run("ip", "-4", "route").stdout
