@@ -101,5 +101,16 @@ class Net:
         return decision
 
 
+def kinds(net):
+    """(sender, receiver, frame kind) of every frame in flight, in order."""
+    return [(sender, receiver, type(decode(wire, sender)).__name__) for sender, receiver, wire in net.in_flight]
+
+
+def folded(decision):
+    """The one batch's result, folded by its coordinator, as floats."""
+    [batch] = decision.batches
+    return np.frombuffer(batch.folded, dtype=np.float32).tolist()
+
+
 def names(decision):
     return [[n for r in batch.responses for n in r.names] for batch in decision.batches]

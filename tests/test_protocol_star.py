@@ -6,13 +6,12 @@ starting a cycle only when a name completes, GO only to followers whose message 
 starting the cycle for the others, each set's round, and the silence report.
 """
 
-import numpy as np
 import pytest
-from protocol_harness import Net, View, names
+from protocol_harness import Net, View, folded as _folded, kinds as _kinds, names
 
 from horovod.core.negotiation.base import BATCH_SPACING_SECONDS, POLL_SECONDS
 from horovod.core.negotiation.events import BEGIN, DRAIN, HEARD, Silent
-from horovod.core.negotiation.frames import Go, Msg, Reply, Want, decode
+from horovod.core.negotiation.frames import Go, Msg, Reply, Want
 from horovod.core.negotiation.star import StarFollowerProtocol, StarRootProtocol
 
 pytestmark = pytest.mark.unit
@@ -22,15 +21,6 @@ def _star(size=3, patience=0.0, sets=()):
     views = [View(rank, size, False, sets) for rank in range(size)]
     protocols = [StarRootProtocol(views[0], patience)] + [StarFollowerProtocol(v, patience) for v in views[1:]]
     return Net(protocols, views)
-
-
-def _kinds(net):
-    return [(sender, receiver, type(decode(wire, sender)).__name__) for sender, receiver, wire in net.in_flight]
-
-
-def _folded(decision):
-    [batch] = decision.batches
-    return np.frombuffer(batch.folded, dtype=np.float32).tolist()
 
 
 def test_when_every_rank_waits_the_early_messages_complete_a_name_and_the_reply_alone_starts_the_cycle():
@@ -120,4 +110,3 @@ def test_a_follower_tells_the_transport_of_rank_0s_silence_every_half_timeout_an
     assert net.woken(1, 13.0) == []
     net.in_flight.append((0, 1, Go().encode()))
     assert net.deliver(1, 13.5) == [HEARD, BEGIN]
-    assert isinstance(decode(Go().encode(), 0), Go)

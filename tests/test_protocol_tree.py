@@ -9,7 +9,7 @@ another process set negotiates as under the star.
 
 import numpy as np
 import pytest
-from protocol_harness import Net, View, names
+from protocol_harness import Net, View, folded as _folded, kinds as _kinds, names
 
 from horovod.core.negotiation.base import BATCH_SPACING_SECONDS
 from horovod.core.negotiation.events import BEGIN, DRAIN
@@ -23,16 +23,7 @@ SIZE = 5
 
 def _tree(sets=()):
     views = [View(rank, SIZE, False, sets) for rank in range(SIZE)]
-    return Net([TreeProtocol(view, 0.0) for view in views], views)
-
-
-def _kinds(net):
-    return [(sender, receiver, type(decode(wire, sender)).__name__) for sender, receiver, wire in net.in_flight]
-
-
-def _folded(decision):
-    [batch] = decision.batches
-    return np.frombuffer(batch.folded, dtype=np.float32).tolist()
+    return Net([TreeProtocol(view) for view in views], views)
 
 
 def test_a_waiting_job_sends_its_messages_up_unasked_and_the_reply_alone_starts_the_cycle_down_the_tree():

@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 __all__ = ["ON", "POINTS", "STALL_SECONDS", "LATE_SECONDS", "enabled", "fires", "fired", "chances", "uniform", "stall",
-           "pause", "late", "held", "send_each"]
+           "pause", "late", "held"]
 
 ON = False      # the one check a real job pays; only enabled() sets it
 
@@ -112,15 +112,6 @@ def held(owner, name: str, until: float, now: float) -> bool:
         _holding[key] = until
         return True
     return False
-
-
-def send_each(transport, peers, wire: bytes, name: str) -> None:
-    """Send ``wire`` to each of ``peers`` in turn, the rank stalling between two sends whenever point ``name`` fires
-    (call only when :data:`ON`)."""
-    for i, peer in enumerate(peers):
-        if i and fires(name):
-            stall()
-        transport.send_obj(peer, wire)
 
 
 def fired() -> Dict[str, int]:

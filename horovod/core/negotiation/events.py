@@ -18,8 +18,8 @@ hands it what happened, with the time (``now``, seconds on the driver's clock), 
 Each handler returns the actions to perform, in order, from one list the protocol reuses (a driver performs them
 before it calls again). Between calls the protocol's ``listening`` (the peers whose next frame may be read, in
 reading order) and ``timeout`` (how long after the ``now`` it was last given to call ``woken`` if nothing else
-happens; None: no limit) say what the driver waits for: standing interest, not one-shot orders, so a wait costs no object on the hot
-path. A malformed frame or a broken rule is raised from the handler as :class:`HorovodInternalError`, as before.
+happens; None: no limit) say what the driver waits for: standing interest, not one-shot orders, so a wait costs no
+object on the hot path. A malformed frame or a broken rule is raised from the handler as :class:`HorovodInternalError`, as before.
 
 Between a cycle's last :class:`Execute` and the next ``woken``, a protocol listens only to frames it would take as
 the next cycle's (the peer protocol: every peer's next frame) or to none (the star and the tree end a cycle with
@@ -87,8 +87,7 @@ BEGIN = Begin()
 
 def send_to_each(peers: Tuple[int, ...], wire: tuple, point: str, out: list) -> None:
     """Append to ``out`` what sends ``wire`` to every one of ``peers``: one :class:`Send` in a real job; under the
-    simulation's fault points, one per peer with a :class:`Stall` between two sends whenever ``point`` fires (drawn in
-    the order :func:`horovod.core.buggify.send_each` draws them)."""
+    simulation's fault points, one per peer with a :class:`Stall` between two sends whenever ``point`` fires."""
     if not buggify.ON:
         out.append(Send(peers, wire))
         return

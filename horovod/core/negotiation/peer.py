@@ -18,7 +18,7 @@ from horovod.core import buggify
 from horovod.core.decision import Contributors, Decision, Message
 from horovod.core.negotiation import inline
 from horovod.core.negotiation.base import POLL_SECONDS, Loop, View
-from horovod.core.negotiation.events import BEGIN, HEARD, Execute, Send, Silent, send_to_each
+from horovod.core.negotiation.events import BEGIN, HEARD, Execute, Silent, send_to_each
 from horovod.core.negotiation.frames import Msg, Peer
 from horovod.core.negotiation.pump import Pumped, patience
 from horovod.core.response_cache import split_hits
@@ -205,11 +205,7 @@ class PeerProtocol:
                 own[set_id] = msg.message
             if data:
                 self.held.hold(set_id, Contributors(state.index), data)
-        wire = Peer(now, msgs).encode()
-        if buggify.ON:
-            send_to_each(self._others, wire, "peer.broadcast_slow", out)
-        else:
-            out.append(Send(self._others, wire))
+        send_to_each(self._others, Peer(now, msgs).encode(), "peer.broadcast_slow", out)
         self._own, self._own_clock = own, now
         self.presented = True
         self._queued_since = None

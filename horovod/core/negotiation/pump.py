@@ -88,9 +88,7 @@ class Pumped(Negotiation):
                     continue
                 peer = self._peer[fd]
                 if peer in protocol.listening:      # (a caller may have run the loop meanwhile: look again)
-                    kinds = protocol.expects
-                    frame = receive(loop.transport, peer, *(kinds[peer] if type(kinds) is dict else kinds))
-                    actions = protocol.frame(peer, frame, loop.clock())
+                    actions = protocol.frame(peer, _receive(loop, protocol, peer), loop.clock())
                     if actions and (actions[0] is BEGIN or perform(loop, actions, self.name)):  # (most: taken in)
                         protocol.began(loop.clock())
                         return
@@ -114,9 +112,13 @@ def drive_turn(loop: Loop, part, actions: List, set_id: int, name: str) -> Decis
             raise HorovodInternalError(f"rank {loop.rank}: the {name} negotiation of process set {set_id} neither "
                                        f"decided nor waits for a peer")
         peer = part.listening[0]
-        kinds = part.expects
-        actions = part.frame(peer, receive(loop.transport, peer, *(kinds[peer] if type(kinds) is dict else kinds)),
-                             loop.clock())
+        actions = part.frame(peer, _receive(loop, part, peer), loop.clock())
+
+
+def _receive(loop: Loop, part, peer: int):
+    """``peer``'s next frame, of a kind ``part`` expects from it (one tuple for every peer, or one per peer)."""
+    kinds = part.expects
+    return receive(loop.transport, peer, *(kinds[peer] if type(kinds) is dict else kinds))
 
 
 def perform(loop: Loop, actions: List, name: str) -> Optional[object]:

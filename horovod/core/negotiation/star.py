@@ -52,7 +52,16 @@ class _StarProtocol:
         self.expects: tuple = _MSG_OR_WANT
         self.timeout: Optional[float] = None
         self._round = StarRound(self.held)
+        self._in_cycle = False                      # a set's round may run: frames go to it
         self._out: List = []
+
+    def frame(self, peer: int, frame, now: float) -> List:
+        """In a set's round, the round's frame; before the cycle, the role's (:meth:`_before_cycle`)."""
+        if self._in_cycle:
+            return self._in_round(self._round.frame(peer, frame, now))
+        out = self._out
+        out.clear()
+        return self._before_cycle(peer, frame, out)
 
     def forget(self, set_id: int) -> None:
         """Drop the data held for a removed set."""
@@ -88,7 +97,6 @@ class StarRootProtocol(_StarProtocol):
         self._wanted = IDLE                         # the most urgent cycle request read from a follower
         self._last_start = float("-inf")            # when the last cycle started
         self._waiting_since: Optional[float] = None  # when rank 0 last found work pending, after the last cycle
-        self._in_cycle = False
 
     def peers(self) -> Tuple[int, ...]:
         """Every follower."""
@@ -118,12 +126,8 @@ class StarRootProtocol(_StarProtocol):
         out.append(BEGIN)
         return out
 
-    def frame(self, peer: int, frame, now: float) -> List:
-        """In a set's round, the member's message; before the cycle, a cycle request or an early message."""
-        if self._in_cycle:
-            return self._in_round(self._round.frame(peer, frame, now))
-        out = self._out
-        out.clear()
+    def _before_cycle(self, peer: int, frame, out: List) -> List:
+        """A follower's cycle request or early message."""
         if type(frame) is Msg:
             if peer in self._early:
                 raise HorovodInternalError(f"rank {peer} sent two messages for one cycle")
@@ -231,7 +235,6 @@ class StarFollowerProtocol(_StarProtocol):
         self._asked_at: Optional[float] = None      # when this rank began waiting for rank 0 to start a cycle
         self._told = 0                              # how often that wait was reported to the transport
         self._queued_since: Optional[float] = None  # when the global set's queue became non-empty
-        self._in_cycle = False
 
     def peers(self) -> Tuple[int, ...]:
         """Rank 0."""
@@ -263,12 +266,8 @@ class StarFollowerProtocol(_StarProtocol):
         self.timeout = timeout
         return out
 
-    def frame(self, peer: int, frame, now: float) -> List:
-        """In a set's round, the reply; before the cycle, rank 0's start of it (GO, or the reply itself)."""
-        if self._in_cycle:
-            return self._in_round(self._round.frame(peer, frame, now))
-        out = self._out
-        out.clear()
+    def _before_cycle(self, peer: int, frame, out: List) -> List:
+        """Rank 0's start of the cycle: GO, or the reply to this rank's early message itself."""
         if self._told:
             out.append(HEARD)
         self._asked_at, self._told = None, 0

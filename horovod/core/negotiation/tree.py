@@ -42,7 +42,7 @@ from horovod.core.negotiation.base import IDLE, NEW, POLL_SECONDS, Loop, View
 from horovod.core.negotiation.events import BEGIN, DRAIN, Execute, Send, Stall
 from horovod.core.negotiation.frames import (GO, WANT_EVERY, WANT_NEW, WANT_NOW, Go, Msg, Reply, Up, Want,
                                              group_messages)
-from horovod.core.negotiation.pump import Pumped, patience
+from horovod.core.negotiation.pump import Pumped
 from horovod.core.negotiation.star_round import StarRound, decode_reply, message_and_data, reply_with_data
 from horovod.core.negotiation.tree_shape import ARITY, Groups, children, merge, parent, subtree_size
 from horovod.core.set_state import SetState
@@ -68,9 +68,8 @@ class TreeProtocol:
     every_member_coordinates = False
     decides_at_once = False
 
-    def __init__(self, view: View, patience: float):
+    def __init__(self, view: View):
         self.view = view
-        self.patience = patience                    # (a tree rank never reports a silent peer)
         self.held = inline.HeldData()               # small allreduces' data that came with the messages (rank 0)
         self._round = StarRound(self.held)          # every other process set negotiates as under the star
         self._children = tuple(children(view.rank, view.size))
@@ -382,4 +381,4 @@ class TreeNegotiation(Pumped):
     """The tree over a loop (the engine's, or a simulated rank's)."""
 
     def __init__(self, loop: Loop):
-        super().__init__(loop, TreeProtocol(loop, patience(loop)))
+        super().__init__(loop, TreeProtocol(loop))     # (a tree rank reports no silent peer: no patience)

@@ -2,8 +2,8 @@
 
 Each mutant patches a copy of one function of the negotiation (:mod:`horovod.core.negotiation.star`, ``star_round``,
 ``tree``, ``inline``, :mod:`horovod.core.coordinator`) into every module that calls it for the length of a
-``with planted(name):`` block, and restores it after: the kinds of bug a real change can bring in, not a hook in the simulator. Nothing in
-``horovod/core`` knows of them; a production process never imports this module.
+``with planted(name):`` block, and restores it after: the kinds of bug a real change can bring in, not a hook in the
+simulator. Nothing in ``horovod/core`` knows of them; a production process never imports this module.
 """
 
 from __future__ import annotations
